@@ -1,0 +1,242 @@
+"""Start and stop munge, slurmctld and one slurmd per node, all on this host.
+
+Every file (config, spool, state, pid files, logs, fake GPU devices) lives under one state
+directory; every daemon is stopped by the PID in its pid file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import stat
+from dataclasses import asdict, dataclass, field
+from importlib.resources import files
+from pathlib import Path
+from string import Template
+
+from .. import paths, slurm
+from ..errors import HPCAIError
+from ..proc import run, start_daemon, wait_until
+
+INSTALL_HINT = "apt-get install -y slurm-wlm munge openmpi-bin libopenmpi-dev"
+_PROGRAMS = ("munged", "slurmctld", "slurmd", "sinfo", "squeue", "sbatch", "srun", "scancel", "scontrol")
+_SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+GPU_DEVICE_MAJOR = 195  # the NVIDIA driver's character-device major number
+
+
+def check_prerequisites() -> None:
+    """Raise HPCAIError naming what is missing to run the dev cluster here, and how to get it."""
+    missing = [p for p in _PROGRAMS if shutil.which(p, path=_SBIN_PATH) is None]
+    if missing:
+        raise HPCAIError(f"Slurm is not installed here: {', '.join(missing)} not found", f"as root: {INSTALL_HINT}")
+    if os.geteuid() != 0:
+        raise HPCAIError(
+            "the dev cluster needs root: it starts munged, slurmctld and slurmd and makes device files",
+            "run it as root, e.g. `sudo .venv/bin/hpcai devcluster up`",
+        )
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """One daemon of the cluster and the pid file it writes."""
+
+    name: str
+    pid_file: Path
+    program: str
+
+    def pid(self) -> int | None:
+        """The PID of the running daemon, or None (no pid file, stale pid, or another program)."""
+        try:
+            pid = int(self.pid_file.read_text().split()[0])
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            return None
+        argv0 = cmdline.split(b"\0")[0].decode(errors="replace")
+        return pid if Path(argv0).name == self.program else None
+
+
+@dataclass
+class DevCluster:
+    """A dev cluster: ``nodes`` nodes named n1..nN, each with ``gpus_per_node`` fake GPUs.
+
+    slurmctld listens on ``port`` and node i's slurmd on ``port + i``, so clusters with
+    different state directories and ports can run side by side.
+    """
+
+    state_dir: Path = field(default_factory=paths.devcluster_dir)
+    nodes: int = 2
+    gpus_per_node: int = 4
+    cpus_per_node: int = 8
+    port: int = 6817
+
+    def __post_init__(self) -> None:
+        self.state_dir = Path(self.state_dir).absolute()
+        if not 1 <= self.nodes <= 16:
+            raise HPCAIError(f"--nodes must be between 1 and 16, not {self.nodes}")
+        if not 0 <= self.gpus_per_node <= 16:
+            raise HPCAIError(f"--gpus-per-node must be between 0 and 16, not {self.gpus_per_node}")
+
+    @classmethod
+    def load(cls, state_dir: Path | None = None) -> DevCluster:
+        """The cluster last set up in ``state_dir`` (defaults when none was)."""
+        state_dir = Path(state_dir or paths.devcluster_dir())
+        try:
+            saved = json.loads((state_dir / "cluster.json").read_text())
+        except FileNotFoundError:
+            return cls(state_dir=state_dir)
+        return cls(state_dir=state_dir, **{k: v for k, v in saved.items() if k != "state_dir"})
+
+    # -- layout ---------------------------------------------------------------------------
+    @property
+    def conf(self) -> Path:
+        return self.state_dir / "slurm.conf"
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"n{i}" for i in range(1, self.nodes + 1)]
+
+    @property
+    def nodelist(self) -> str:
+        return f"n[1-{self.nodes}]" if self.nodes > 1 else "n1"
+
+    def variables(self) -> dict[str, str]:
+        """What a shell or a process needs to use this cluster."""
+        return {"SLURM_CONF": str(self.conf)}
+
+    def environ(self) -> dict[str, str]:
+        """This process's environment with the cluster's variables set."""
+        return {**os.environ, **self.variables()}
+
+    def daemons(self) -> list[Daemon]:
+        """Every daemon in start order."""
+        run_dir = self.state_dir / "run"
+        return [
+            Daemon("munged", run_dir / "munged.pid", "munged"),
+            Daemon("slurmctld", run_dir / "slurmctld.pid", "slurmctld"),
+            *(Daemon(f"slurmd {n}", run_dir / f"slurmd-{n}.pid", "slurmd") for n in self.node_names),
+        ]
+
+    def running(self) -> bool:
+        """True when any daemon of this cluster runs."""
+        return any(d.pid() for d in self.daemons())
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def up(self, timeout: float = 90) -> None:
+        """Start whatever is not running and return when every node accepts jobs. Idempotent."""
+        check_prerequisites()
+        if self.running():
+            saved = DevCluster.load(self.state_dir)
+            if saved != self:
+                raise HPCAIError(
+                    f"a different dev cluster ({saved.nodes} nodes x {saved.gpus_per_node} GPUs, port {saved.port})"
+                    f" is running in {self.state_dir}",
+                    f"stop it first: hpcai devcluster down --state-dir {self.state_dir}",
+                )
+        else:
+            self._write_files()
+        env = self.environ()
+        munged, ctld, *slurmds = self.daemons()
+        log = self.state_dir / "log"
+        if not munged.pid():
+            munge = self.state_dir / "munge"
+            start_daemon(
+                ["munged", "--force", f"--socket={munge / 'munge.socket'}", f"--key-file={munge / 'munge.key'}",
+                 f"--pid-file={munged.pid_file}", f"--log-file={log / 'munged.log'}",
+                 f"--seed-file={munge / 'munged.seed'}"],
+                log=log / "munged.start.log", env=env,
+            )
+            wait_until(munged.pid, timeout=10, what="munged to start", hint=f"see {log / 'munged.log'}")
+        if not ctld.pid():
+            start_daemon(["slurmctld", "-i"], log=log / "slurmctld.start.log", env=env)
+        for node, daemon in zip(self.node_names, slurmds):
+            if not daemon.pid():
+                start_daemon(["slurmd", "-N", node], log=log / f"slurmd-{node}.start.log", env=env)
+        wait_until(
+            self._all_nodes_usable, timeout=timeout, what="every dev-cluster node to be idle",
+            hint=f"see the logs in {log}",
+        )
+
+    def down(self, timeout: float = 30) -> None:
+        """Cancel every job, then stop every daemon by its PID. Harmless when nothing runs."""
+        munged, ctld, *slurmds = self.daemons()
+        if ctld.pid() and munged.pid():
+            self._cancel_all_jobs(timeout)
+        for daemon in [*slurmds, ctld, munged]:
+            pid = daemon.pid()
+            if pid is None:
+                continue
+            os.kill(pid, signal.SIGTERM)
+            try:
+                wait_until(lambda: daemon.pid() is None, timeout=timeout, what=f"{daemon.name} (pid {pid}) to stop")
+            except HPCAIError:
+                os.kill(pid, signal.SIGKILL)
+                wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout=5, what=f"{daemon.name} to die")
+
+    def status(self) -> dict[str, object]:
+        """Daemons with their PIDs, and the nodes as Slurm reports them (when slurmctld runs)."""
+        daemons = {d.name: d.pid() for d in self.daemons()}
+        nodes = slurm.nodes(self.environ()) if daemons["slurmctld"] and daemons["munged"] else []
+        return {"state_dir": str(self.state_dir), "conf": str(self.conf), "daemons": daemons, "nodes": nodes}
+
+    # -- internals ------------------------------------------------------------------------
+    def _all_nodes_usable(self) -> bool:
+        try:
+            found = slurm.nodes(self.environ())
+        except HPCAIError:  # slurmctld not answering yet
+            return False
+        return len(found) == self.nodes and all(n.usable for n in found)
+
+    def _cancel_all_jobs(self, timeout: float) -> None:
+        env = self.environ()
+        jobs = run(["squeue", "--noheader", "--format=%A"], env=env, check=False, timeout=15).stdout.split()
+        if not jobs:
+            return
+        run(["scancel", *jobs], env=env, check=False, timeout=15)
+        wait_until(
+            lambda: not run(["squeue", "--noheader", "--format=%A"], env=env, check=False, timeout=15).stdout.strip(),
+            timeout=timeout, what="cancelled jobs to end",
+        )
+
+    def _write_files(self) -> None:
+        state = self.state_dir
+        for sub in ["ctld", "run", "log", "dev", "munge", *(f"spool/{n}" for n in self.node_names),
+                    *(f"tmp/{n}" for n in self.node_names)]:
+            (state / sub).mkdir(parents=True, exist_ok=True)
+        for d in [state, *state.iterdir()]:  # readable by every user (jobs run as them), writable by root only
+            if d.is_dir():
+                d.chmod(0o755)
+        for n in self.node_names:  # like /tmp: each job user may create its own files here
+            (state / "tmp" / n).chmod(0o1777)
+        key = state / "munge" / "munge.key"
+        if not key.exists():
+            key.write_bytes(secrets.token_bytes(1024))
+        key.chmod(0o400)
+        for i in range(self.gpus_per_node):
+            dev = state / "dev" / f"nvidia{i}"
+            if not (dev.exists() and stat.S_ISCHR(dev.stat().st_mode)):
+                dev.unlink(missing_ok=True)
+                os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(GPU_DEVICE_MAJOR, i))
+        host = socket.gethostname().split(".")[0]
+        node_lines = "\n".join(
+            f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={self.port + i} CPUs={self.cpus_per_node}"
+            + (f" Gres=gpu:{self.gpus_per_node}" if self.gpus_per_node else "")
+            + " State=UNKNOWN"
+            for i, n in enumerate(self.node_names, start=1)
+        )
+        values = {
+            "state": str(state), "host": host, "ctld_port": str(self.port), "nodes": str(self.nodes),
+            "nodelist": self.nodelist, "node_lines": node_lines, "last_gpu": str(self.gpus_per_node - 1),
+        }
+        templates = files(__package__) / "templates"
+        self.conf.write_text(Template((templates / "slurm.conf").read_text()).substitute(values))
+        gres = Template((templates / "gres.conf").read_text()).substitute(values) if self.gpus_per_node else ""
+        (state / "gres.conf").write_text(gres)
+        prolog = state / "task-prolog.sh"
+        prolog.write_text((templates / "task-prolog.sh").read_text())
+        prolog.chmod(0o755)
+        saved = {k: v for k, v in asdict(self).items() if k != "state_dir"}
+        (state / "cluster.json").write_text(json.dumps(saved, indent=2) + "\n")

@@ -1,0 +1,18 @@
+"""The one exception type every user-facing failure is raised as."""
+
+from __future__ import annotations
+
+
+class HPCAIError(Exception):
+    """A failure the user can act on: what went wrong, and what to do about it.
+
+    The CLI prints it without a traceback; the magics render it.
+    """
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message

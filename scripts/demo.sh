@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The main job: install, then bring up the dev cluster and show it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec .venv/bin/hpcai demo "$@"

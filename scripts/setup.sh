@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Install everything jupyter-hpcai needs on a fresh Debian 12 machine, as root. Safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  slurm-wlm munge                       # the dev cluster
+  openmpi-bin libopenmpi-dev            # MPI for the engines and Horovod
+  cmake g++ python3-dev python3-venv    # Horovod and mpi4py build from source
+  sudo                                  # the hub spawns servers as other users
+)
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+fi
+
+# The project's virtualenv, from the system python so that other unix users can run it.
+[[ -x .venv/bin/python ]] || /usr/bin/python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[test]'

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Install what the tests need, then run the whole suite (extra arguments go to pytest).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec .venv/bin/python -m pytest "$@"
