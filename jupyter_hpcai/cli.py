@@ -9,10 +9,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from . import kernelspec
 from .devcluster import DevCluster
+from .envs import Builder, EnvStore, load_recipe
+from .envs.check import check
 from .errors import HPCAIError
 
-console = Console()
+console = Console(soft_wrap=True)  # long paths and messages stay on one line
 state_dir_option = click.option(
     "--state-dir", type=click.Path(path_type=Path), default=None,
     help="Where the dev cluster keeps its files [default: $HPCAI_DEVCLUSTER_DIR or /var/lib/hpcai/devcluster].",
@@ -80,6 +83,104 @@ def _show_status(cluster: DevCluster) -> None:
             colour = "green" if n.usable else "red"
             nodes.add_row(n.name, f"[{colour}]{n.state}[/]", ",".join(n.partitions), str(n.cpus), str(n.gpus))
         console.print(nodes)
+
+
+@cli.group()
+def env() -> None:
+    """Build, list, check and remove environments (conda layer first, then pip)."""
+
+
+@env.command("build")
+@click.argument("recipe", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--name", help="Env name [default: the recipe's name].")
+@click.option("--locked", is_flag=True, help="Reproduce the current build's lock exactly.")
+@click.option("--lock-file", type=click.Path(dir_okay=False, path_type=Path), help="Reproduce this lock exactly.")
+@click.option("--rebuild", is_flag=True, help="Rebuild both layers from the recipe, in order.")
+def env_build(recipe: Path, name: str | None, locked: bool, lock_file: Path | None, rebuild: bool) -> None:
+    """Build RECIPE into a new version of its env; `current` moves only when verify passes."""
+    parsed = load_recipe(recipe)
+    store = EnvStore()
+    lock = None
+    if lock_file:
+        lock = _read_json(lock_file)
+    elif locked:
+        build = store.get(name or parsed.name).current()
+        lock = build.lock() if build else None
+        if lock is None:
+            raise HPCAIError(f"env '{name or parsed.name}' has no lock", "build it once without --locked")
+    with console.status("preparing...") as status:
+        def progress(phase: str, message: str) -> None:
+            if phase == "log":
+                console.print(f"log: {message}")
+            elif message == "started":
+                status.update(f"[bold]{phase}[/]...")
+            elif message.startswith("done"):
+                console.print(f"[green]✓[/] {phase} {message}")
+            elif message.startswith("warning"):
+                console.print(f"[yellow]{message}[/]")
+            else:
+                status.update(f"[bold]{phase}[/]: {message[:100]}")
+
+        result = Builder(parsed, store=store, name=name, locked=lock, rebuild=rebuild, progress=progress).run()
+    if result.up_to_date:
+        console.print(f"env '{result.env.name}' is up to date (build {result.build.id}); --rebuild forces a new build")
+    else:
+        console.print(f"env '{result.env.name}' built: {result.build.prefix}")
+
+
+@env.command("list")
+def env_list() -> None:
+    """List the environments and their current builds."""
+    store = EnvStore()
+    table = Table("name", "kind", "build", "python", "conda pkgs", "pip pkgs", title=f"environments in {store.root}")
+    for e in store.list():
+        build = e.current()
+        m = (build.manifest() if build else None) or {}
+        table.add_row(e.name, m.get("kind", "?"), build.id if build else "-", m.get("python") or "-",
+                      str(len(m.get("conda", []))), str(len(m.get("pip", []))))
+    console.print(table)
+
+
+@env.command("check")
+@click.argument("name")
+def env_check(name: str) -> None:
+    """Activate the env and re-run its verify steps."""
+    for step in check(EnvStore().get(name)):
+        console.print(f"[green]✓[/] {step.step}")
+    console.print(f"env '{name}' is OK")
+
+
+@env.command("remove")
+@click.argument("name")
+def env_remove(name: str) -> None:
+    """Remove an env and all its builds."""
+    EnvStore().remove(name)
+    console.print(f"env '{name}' removed")
+
+
+@cli.group()
+def kernel() -> None:
+    """Jupyter kernels for built environments."""
+
+
+@kernel.command("install")
+@click.argument("name")
+@click.option("--display-name", help="Name shown in JupyterLab's launcher.")
+@click.option("--user", is_flag=True, help="Install for the current user only.")
+@click.option("--prefix", help="Install under this prefix (e.g. a hub's sys.prefix).")
+def kernel_install(name: str, display_name: str | None, user: bool, prefix: str | None) -> None:
+    """Write a kernelspec that starts the env's kernel through the hpcai-env provisioner."""
+    path = kernelspec.install(EnvStore().get(name), display_name=display_name, user=user, prefix=prefix)
+    console.print(f"kernel installed: {path}")
+
+
+def _read_json(path: Path) -> dict:
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise HPCAIError(f"cannot read lock file {path}: {err}", "pass a lock.json written by a build") from None
 
 
 @cli.command()

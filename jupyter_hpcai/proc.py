@@ -87,3 +87,59 @@ def wait_until(
         if time.monotonic() >= deadline:
             raise HPCAIError(f"timed out after {timeout:g} s waiting for {what}", hint)
         time.sleep(interval)
+
+
+def run_logged(
+    cmd: Sequence[str | os.PathLike[str]],
+    *,
+    log: Path,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    on_output: Callable[[str], None] | None = None,
+) -> None:
+    """Run ``cmd`` with its output appended to ``log``; ``on_output`` sees the latest line now and then.
+
+    On failure the error names the command, shows the log's last lines and says where the log is.
+    """
+    argv = [str(a) for a in cmd]
+    shown = shlex.join(argv)
+    with open(log, "a") as out:
+        out.write(f"\n$ {shown}\n")
+        out.flush()
+        try:
+            child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                     env=dict(env) if env is not None else None, cwd=cwd)
+        except FileNotFoundError:
+            raise HPCAIError(f"{argv[0]}: command not found", f"install it or put it on PATH (ran: {shown})") from None
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    rc = child.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    if on_output:
+                        on_output(last_line(log))
+                    if time.monotonic() > deadline:
+                        raise HPCAIError(f"`{shown}` did not finish within {timeout:g} s", f"full log: {log}") from None
+        finally:
+            if child.poll() is None:
+                child.terminate()
+                try:
+                    child.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
+    if rc != 0:
+        raise HPCAIError(f"`{shown}` failed with exit status {rc}:\n{_tail(log.read_text(errors='replace'))}",
+                         f"full log: {log}")
+
+
+def last_line(path: Path) -> str:
+    """The last non-empty line of a text file (reads only its end)."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - 4096))
+        lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else ""

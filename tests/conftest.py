@@ -1,3 +1,128 @@
-"""Session fixtures shared by every test (the dev cluster, and later the env, the hub, the browser)."""
+"""Session fixtures shared by every test: the dev cluster, a local conda channel, built envs, benchmarks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from condachan import index, make_package
+from jupyter_hpcai.envs import Builder, EnvStore, load_recipe
+from jupyter_hpcai.envs.store import Env
 
 pytest_plugins = ["jupyter_hpcai.devcluster.pytest_plugin"]
+
+REPO = Path(__file__).resolve().parents[1]
+_BENCH: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def bench() -> list[str]:
+    """Append benchmark lines here; they are printed at the end of the run (never asserted)."""
+    return _BENCH
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _BENCH:
+        terminalreporter.section("benchmarks (ratios against a baseline measured in the same run)")
+        for line in _BENCH:
+            terminalreporter.write_line(line)
+
+
+LIB_SOURCE = "int hpcai_answer(void) { return 42; }\n"
+
+
+@pytest.fixture(scope="session")
+def conda_channel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A local conda channel with tiny packages:
+
+    - hpcai-test-activate: an activate.d script that sets HPCAI_TEST_ACTIVATED and extends PATH;
+    - hpcai-test-lib: a real shared library, lib/libhpcaitest.so (hpcai_answer() == 42);
+    - hpcai-test-six: a six.py in site-packages, which the pip layer's six then overwrites.
+    """
+    channel = tmp_path_factory.mktemp("channel")
+    lib = channel / "libhpcaitest.so"
+    src = channel / "lib.c"
+    src.write_text(LIB_SOURCE)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, timeout=60)
+    make_package(channel, "hpcai-test-activate", "1.0", {
+        "etc/conda/activate.d/hpcai-test.sh":
+            'export HPCAI_TEST_ACTIVATED=yes\nexport PATH="$CONDA_PREFIX/opt/hpcai-test/bin:$PATH"\n',
+        "opt/hpcai-test/bin/hpcai-test-tool.sh": "#!/bin/sh\necho tool-ok\n",
+    })
+    make_package(channel, "hpcai-test-lib", "1.0", {}, depends=("hpcai-test-activate",))
+    # make_package takes text; a binary library goes in by rebuilding the tarball with it.
+    _add_binary(channel / "noarch" / "hpcai-test-lib-1.0-0.tar.bz2", "lib/libhpcaitest.so", lib.read_bytes())
+    make_package(channel, "hpcai-test-lib", "2.0", {"lib/hpcai-test-lib-2.txt": "2\n"}, depends=("hpcai-test-activate",))
+    make_package(channel, "hpcai-test-six", "1.0", {"lib/python3.11/site-packages/six.py": "# the conda package's six\n"})
+    index(channel)
+    return channel
+
+
+def _add_binary(package: Path, path: str, data: bytes) -> None:
+    import hashlib
+    import io
+    import json
+    import tarfile
+
+    with tarfile.open(package) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    paths = json.loads(members["info/paths.json"])
+    paths["paths"].append({"_path": path, "path_type": "hardlink", "sha256": hashlib.sha256(data).hexdigest(),
+                           "size_in_bytes": len(data)})
+    members["info/paths.json"] = json.dumps(paths).encode()
+    members["info/files"] += f"{path}\n".encode()
+    members[path] = data
+    with tarfile.open(package, "w:bz2") as tar:
+        for name, blob in members.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(blob), 0o755
+            tar.addfile(info, io.BytesIO(blob))
+
+
+SMALL_RECIPE = """
+name: small
+conda:
+  channels: [{channel}]
+  specs: [hpcai-test-lib=1.0, hpcai-test-six]
+python: /usr/bin/python3
+pip: [six==1.16.0]
+activate:
+  LD_LIBRARY_PATH: ${{CONDA_PREFIX}}/lib:${{LD_LIBRARY_PATH}}
+verify:
+  imports: [six]
+  commands:
+    - run: hpcai-test-tool.sh
+      expect: [tool-ok]
+"""
+
+
+@pytest.fixture(scope="session")
+def small_recipe(conda_channel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("recipes") / "small.yaml"
+    path.write_text(SMALL_RECIPE.format(channel=conda_channel))
+    return path
+
+
+@pytest.fixture(scope="session")
+def env_store(tmp_path_factory: pytest.TempPathFactory) -> EnvStore:
+    return EnvStore(tmp_path_factory.mktemp("envs"))
+
+
+@pytest.fixture(scope="session")
+def small_env(small_recipe: Path, env_store: EnvStore, bench: list[str]) -> Env:
+    """The small env built from the local channel (conda layer) and PyPI (pip layer)."""
+    result = Builder(load_recipe(small_recipe), store=env_store).run()
+    return result.env
+
+
+@pytest.fixture(scope="session")
+def tf_env() -> Iterator[Env]:
+    """The real tf-horovod-cpu env, in a store outside the checkout that persists between runs:
+    rebuilt only when its recipe (or this package's source) changed."""
+    store = EnvStore(Path(os.environ.get("HPCAI_TEST_ENV_ROOT", "/opt/hpcai/envs")))
+    result = Builder(load_recipe(REPO / "recipes" / "tf-horovod-cpu.yaml"), store=store).run()
+    yield result.env

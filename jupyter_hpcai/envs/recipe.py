@@ -1,0 +1,180 @@
+"""Recipes: YAML files that say what an environment holds, read into a validated model."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ..errors import HPCAIError
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+VAR_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+NoNewline = Annotated[str, Field(pattern=r"^[^\n\r\x00]*$", min_length=1)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CondaLayer(_Strict):
+    """Conda packages, installed first."""
+
+    channels: list[NoNewline] = Field(min_length=1)
+    specs: list[NoNewline] = Field(min_length=1)
+
+    def python_spec(self) -> str | None:
+        return next((s for s in self.specs if re.match(r"^python(\W|$)", s)), None)
+
+
+class VerifyCommand(_Strict):
+    """A command run inside the activated env; each ``expect`` string must appear in its output."""
+
+    run: NoNewline
+    expect: list[NoNewline] = []
+    timeout: float = Field(default=300, gt=0, le=3600)
+
+
+class Verify(_Strict):
+    imports: list[Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*$")]] = []
+    commands: list[VerifyCommand] = []
+
+
+class Recipe(_Strict):
+    """What an environment holds and how it is built: conda layer first, then pip."""
+
+    name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    conda: CondaLayer | None = None
+    python: NoNewline | None = None
+    pip: list[NoNewline] = []
+    build_env: dict[Annotated[str, Field(pattern=VAR_NAME)], NoNewline] = {}
+    no_build_isolation: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]] = []
+    modules: list[Annotated[str, Field(pattern=r"^[\w./+-]+$")]] = []
+    activate: dict[Annotated[str, Field(pattern=VAR_NAME)], NoNewline] = {}
+    verify: Verify = Verify()
+    # Set by load_recipe, not by the file: where relative paths in `pip` are resolved.
+    base_dir: Path = Field(default=Path("."), exclude=True)
+
+    @field_validator("python")
+    @classmethod
+    def _python_is_absolute(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).is_absolute():
+            raise ValueError("must be an absolute path to an interpreter, e.g. /usr/bin/python3")
+        return value
+
+    @model_validator(mode="after")
+    def _one_python(self) -> Recipe:
+        conda_python = self.conda.python_spec() if self.conda else None
+        if conda_python and self.python:
+            raise ValueError(f"choose one python: conda spec '{conda_python}' or `python: {self.python}`, not both")
+        if self.pip and not (conda_python or self.python):
+            raise ValueError("the pip layer needs a python: add `python` to conda.specs, or set `python:` to an interpreter")
+        options = [r for r in self.pip if r.startswith("-") and not r.startswith("-r ")]
+        if options:
+            raise ValueError(f"pip entries are requirements or `-r FILE`, not options: {', '.join(options)}")
+        unknown = {requirement_name(n) for n in self.no_build_isolation} - {requirement_name(r) for r in self.pip}
+        if unknown:
+            raise ValueError(f"no_build_isolation names packages that `pip` does not list: {', '.join(sorted(unknown))}")
+        return self
+
+    def pip_requirements(self) -> list[str]:
+        """pip's arguments for the layer: local paths and ``-r`` files resolved against the recipe's folder."""
+        out = []
+        for req in self.pip:
+            if req.startswith("-r "):
+                out += ["-r", str((self.base_dir / req[3:].strip()).resolve())]
+            elif req.startswith(("./", "../", "/")) or req in (".", ".."):
+                out.append(str((self.base_dir / req).resolve()))
+            else:
+                out.append(req)
+        return out
+
+    def pip_installs(self) -> tuple[list[str], list[str]]:
+        """pip's arguments for two installs: with build isolation, then the no_build_isolation packages."""
+        no_isolation = {requirement_name(n) for n in self.no_build_isolation}
+        isolated: list[str] = []
+        later: list[str] = []
+        args = self.pip_requirements()
+        for i, arg in enumerate(args):
+            if arg == "-r" or (i and args[i - 1] == "-r"):
+                isolated.append(arg)
+            else:
+                (later if requirement_name(arg) in no_isolation else isolated).append(arg)
+        return isolated, later
+
+    def local_sources(self) -> list[Path]:
+        """Local directories the pip layer installs from (their contents count in the recipe's hash)."""
+        return [Path(r) for r in self.pip_requirements() if r.startswith("/") and Path(r).is_dir()]
+
+    def digest(self) -> str:
+        """A hash of everything that decides what the build holds."""
+        h = hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode())
+        for src in self.local_sources():
+            for f in sorted(_source_files(src)):
+                h.update(str(f.relative_to(src)).encode())
+                h.update(f.read_bytes())
+        for req in self.pip_requirements():
+            if req.endswith(".txt") and Path(req).is_file():
+                h.update(Path(req).read_bytes())
+        return h.hexdigest()[:16]
+
+
+def _source_files(src: Path) -> list[Path]:
+    """The files of a local source tree that can change what pip installs from it (not tests or docs)."""
+    skip = {".git", ".venv", "node_modules", "__pycache__", "build", "dist", ".pytest_cache", "test-artifacts",
+            "tests", "test", "docs", "examples", ".ci", ".github", "recipes"}
+    return [
+        p for p in src.rglob("*")
+        if p.is_file() and not skip & set(p.relative_to(src).parts) and not p.name.endswith((".pyc", ".md"))
+        and ".egg-info" not in str(p)
+    ]
+
+
+def requirement_name(req: str) -> str:
+    """The normalised project name of a requirement line (`Horovod[tensorflow]==0.28.1` -> `horovod`)."""
+    return re.split(r"[\s<>=!~\[;@]", req, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(recipe)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (allowed: name, conda, python, pip, build_env, no_build_isolation, modules, activate, verify)" \
+                if len(e["loc"]) == 1 else "unknown key"
+        elif e["type"] == "string_pattern_mismatch" and "\\n" in str(e.get("ctx", {}).get("pattern", "")):
+            msg = "must be one line (no newlines)"
+        lines.append(f"  {where}: {msg.removeprefix('Value error, ')}")
+    return "\n".join(lines)
+
+
+def parse_recipe(text: str, *, source: str = "<recipe>", base_dir: Path = Path(".")) -> Recipe:
+    """Read a recipe from YAML text, with one clear error listing every bad key or value."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise HPCAIError(f"{source} is not valid YAML: {err}", "fix the syntax at the line shown") from None
+    if not isinstance(data, dict):
+        raise HPCAIError(f"{source} must be a YAML mapping with at least `name:`", "see recipes/ for examples")
+    try:
+        return Recipe(**data, base_dir=base_dir)
+    except ValidationError as err:
+        raise HPCAIError(f"{source} is not a valid recipe:\n{_format_errors(err)}", "fix the keys named above; see recipes/ for examples") from None
+    except TypeError as err:  # non-string keys
+        raise HPCAIError(f"{source} is not a valid recipe: {err}", "keys must be strings") from None
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read a recipe file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise HPCAIError(f"cannot read recipe {path}: {err.strerror}", "give the path of a recipe YAML file") from None
+    return parse_recipe(text, source=str(path), base_dir=path.resolve().parent)

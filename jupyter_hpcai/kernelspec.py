@@ -1,0 +1,50 @@
+"""Kernelspecs for built environments, written from the template in kernels/kernel.json."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from . import paths
+from .envs.store import Env
+from .errors import HPCAIError
+
+
+def kernel_name(env: Env) -> str:
+    return f"hpcai-{env.name}".lower()
+
+
+def render(env: Env, display_name: str | None = None) -> dict[str, Any]:
+    """kernel.json for ``env``: its `current` python, started through the hpcai-env provisioner."""
+    values = {"{python}": str(env.current_link / "bin" / "python"), "{env}": env.name, "{env_root}": str(env.root),
+              "{display_name}": display_name or f"Python ({env.name})"}
+
+    def fill(node: Any) -> Any:
+        if isinstance(node, str):
+            return values.get(node, node)
+        if isinstance(node, list):
+            return [fill(n) for n in node]
+        if isinstance(node, dict):
+            return {k: fill(v) for k, v in node.items()}
+        return node
+
+    return fill(json.loads(paths.kernel_template().read_text()))
+
+
+def install(env: Env, *, display_name: str | None = None, user: bool = False, prefix: str | None = None) -> Path:
+    """Install the kernelspec where Jupyter finds it; returns its folder."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    build = env.current()
+    manifest = build.manifest() if build else None
+    if manifest is None:
+        raise HPCAIError(f"env '{env.name}' has no finished build", f"build it first: hpcai env build RECIPE --name {env.name}")
+    if not any(p["name"].lower() == "ipykernel" for p in manifest["pip"] + manifest["conda"]):
+        raise HPCAIError(f"env '{env.name}' has no ipykernel, so it cannot run a kernel",
+                         "add `ipykernel` to the recipe's pip list and rebuild")
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "kernel.json").write_text(json.dumps(render(env, display_name), indent=2) + "\n")
+        dest = KernelSpecManager().install_kernel_spec(tmp, kernel_name(env), user=user, prefix=prefix)
+    return Path(dest)
