@@ -8,6 +8,7 @@ APT_PACKAGES=(
   openmpi-bin libopenmpi-dev            # MPI for the engines and Horovod
   cmake g++ python3-dev python3-venv    # Horovod and mpi4py build from source
   sudo                                  # the hub spawns servers as other users
+  lmod                                  # `module load` in recipes (tests use a real modulefile)
 )
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

@@ -126,3 +126,29 @@ def tf_env() -> Iterator[Env]:
     store = EnvStore(Path(os.environ.get("HPCAI_TEST_ENV_ROOT", "/opt/hpcai/envs")))
     result = Builder(load_recipe(REPO / "recipes" / "tf-horovod-cpu.yaml"), store=store).run()
     yield result.env
+
+
+MODULEFILE = """-- a real Lmod modulefile, loaded by the kernel env's activation
+setenv("HPCAI_TEST_MODULE", "loaded")
+prepend_path("PATH", "/opt/hpcai-test-module/bin")
+"""
+
+
+@pytest.fixture(scope="session")
+def kernel_env(small_recipe: Path, env_store: EnvStore, tmp_path_factory: pytest.TempPathFactory) -> Env:
+    """The small env plus ipykernel and a real Lmod module; its kernelspec is on JUPYTER_PATH."""
+    from jupyter_hpcai import kernelspec
+
+    modules = tmp_path_factory.mktemp("modulefiles")
+    (modules / "hpcai-test").mkdir()
+    (modules / "hpcai-test" / "1.0.lua").write_text(MODULEFILE)
+    os.environ["MODULEPATH"] = str(modules)
+    recipe = small_recipe.parent / "kernel.yaml"
+    recipe.write_text(small_recipe.read_text().replace("name: small", "name: kernel")
+                      .replace("pip: [six==1.16.0]", "pip: [six==1.16.0, ipykernel]")
+                      + "modules: [hpcai-test/1.0]\n")
+    env = Builder(load_recipe(recipe), store=env_store).run().env
+    jupyter = tmp_path_factory.mktemp("jupyter")
+    kernelspec.install(env, prefix=str(jupyter))
+    os.environ["JUPYTER_PATH"] = str(jupyter / "share" / "jupyter")
+    return env

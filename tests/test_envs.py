@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from condachan import index, make_package
-from jupyter_hpcai.envs import Builder, EnvStore, activation_env, load_recipe, parse_recipe
-from jupyter_hpcai.envs.check import check, recipe_of
+from jupyter_hpcai.envs import Builder, EnvStore, activated, load_recipe, parse_recipe
+from jupyter_hpcai.envs.check import check
 from jupyter_hpcai.envs.conda import solve
 from jupyter_hpcai.envs.store import Env
 from jupyter_hpcai.errors import HPCAIError
@@ -25,10 +25,8 @@ HPCAI = str(Path(sys.executable).parent / "hpcai")
 
 
 def _python_in(env: Env, code: str) -> str:
-    build = env.current()
-    assert build is not None
-    out = subprocess.run([str(build.python), "-c", code], env=activation_env(build, recipe_of(env), env.name),
-                         capture_output=True, text=True, timeout=60)
+    build, environ = activated(env)
+    out = subprocess.run([str(build.python), "-c", code], env=environ, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 

@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,11 +43,32 @@ class BuildResult:
     conflicts: list[str] = field(default_factory=list)
 
 
-def activation_env(build: Build, recipe: Recipe, name: str, base: dict[str, str] | None = None) -> dict[str, str]:
+def activation_env(build: Build, recipe: Recipe, name: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment a process inside ``build`` runs with (activation applied to ``base``)."""
     base = {k: v for k, v in (os.environ if base is None else base).items() if k not in _DROP}
     act = activate.for_prefix(build.prefix, name, list(recipe.modules), dict(recipe.activate))
     return act.apply(base)
+
+
+def recipe_of(env: Env) -> tuple[Build, Recipe]:
+    """The env's current build and the recipe it was made from (recorded in its manifest)."""
+    build = env.current()
+    if build is None or not build.prefix.is_dir():
+        raise HPCAIError(f"env '{env.name}' does not exist in {env.root} (it was removed, or never built)",
+                         f"build it: hpcai env build RECIPE --name {env.name}, or pick another kernel")
+    manifest = build.manifest()
+    if manifest is None:
+        raise HPCAIError(f"env '{env.name}' has no finished build", f"build it: hpcai env build RECIPE --name {env.name}")
+    return build, Recipe(**manifest["recipe"])
+
+
+def activated(env: Env, base: Mapping[str, str] | None = None) -> tuple[Build, dict[str, str]]:
+    """The env's current build and the environment its processes run with; clear errors when broken."""
+    build, recipe = recipe_of(env)
+    if not build.python.exists():
+        raise HPCAIError(f"env '{env.name}' is broken: its python ({build.python}) is missing",
+                         f"rebuild it: hpcai env build RECIPE --name {env.name} --rebuild")
+    return build, activation_env(build, recipe, env.name, base)
 
 
 class Builder:
