@@ -24,3 +24,8 @@ fi
 [[ -x .venv/bin/python ]] || /usr/bin/python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[test]'
+
+# Notebook servers and jobs run as other unix users and must run .venv: let every user traverse
+# (not list) the directories above the checkout, which may sit under /root (mode 700).
+dir=$(pwd)
+while [[ $dir != / ]]; do chmod o+x "$dir"; dir=$(dirname "$dir"); done
