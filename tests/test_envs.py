@@ -244,7 +244,7 @@ def test_cpu_recipe_parses() -> None:
     recipe = load_recipe(REPO / "recipes" / "tf-horovod-cpu.yaml")
     isolated, later = recipe.pip_installs()
     assert later == ["horovod==0.28.1"] and "tensorflow-cpu==2.15.1" in isolated
-    assert str(REPO) in isolated  # jupyter_hpcai itself, from this checkout
+    assert f"-e {REPO}" in isolated  # jupyter_hpcai itself, editable from this checkout
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,12 +12,17 @@ from ..proc import run, run_logged
 from . import conda
 
 
-def install(python: Path, args: list[str], *, env: dict[str, str], log: Path, no_build_isolation: bool = False,
+def install(python: Path, requirements: list[str], *, env: dict[str, str], log: Path, no_build_isolation: bool = False,
             no_deps: bool = False, on_output: Callable[[str], None] | None = None) -> None:
-    """pip install ``args`` into the prefix that ``python`` belongs to (upgrade only if needed)."""
-    cmd = [str(python), "-m", "pip", "install", "--upgrade-strategy", "only-if-needed", "--progress-bar", "off"]
-    cmd += ["--no-build-isolation"] * no_build_isolation + ["--no-deps"] * no_deps
-    run_logged([*cmd, *args], log=log, timeout=3600, env=env, on_output=on_output)
+    """pip install requirement lines into the prefix that ``python`` belongs to (upgrade only if needed)."""
+    with tempfile.NamedTemporaryFile("w", suffix="-requirements.txt", dir=log.parent) as reqs:
+        reqs.write("".join(f"{line}\n" for line in requirements))
+        reqs.flush()
+        with open(log, "a") as out:
+            out.write(f"requirements: {requirements}\n")
+        cmd = [str(python), "-m", "pip", "install", "--upgrade-strategy", "only-if-needed", "--progress-bar", "off"]
+        cmd += ["--no-build-isolation"] * no_build_isolation + ["--no-deps"] * no_deps
+        run_logged([*cmd, "-r", reqs.name], log=log, timeout=3600, env=env, on_output=on_output)
 
 
 def inspect(python: Path, env: dict[str, str]) -> list[dict[str, Any]]:
@@ -25,8 +31,10 @@ def inspect(python: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     dists = []
     for item in report["installed"]:
         meta = item["metadata"]
+        direct = item.get("direct_url") or {}
         dists.append({"name": meta["name"], "version": meta["version"], "installer": item.get("installer", ""),
-                      "url": (item.get("direct_url") or {}).get("url"), "location": item.get("metadata_location", "")})
+                      "url": direct.get("url"), "editable": direct.get("dir_info", {}).get("editable", False),
+                      "location": item.get("metadata_location", "")})
     return sorted(dists, key=lambda d: d["name"].lower())
 
 
@@ -37,7 +45,12 @@ def pip_installed(dists: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def lock_lines(dists: list[dict[str, Any]]) -> list[str]:
     """Requirement lines that reinstall exactly these distributions."""
-    return [f"{d['name']} @ {d['url']}" if d["url"] else f"{d['name']}=={d['version']}" for d in pip_installed(dists)]
+    def line(d: dict[str, Any]) -> str:
+        if d["editable"]:
+            return f"-e {d['url'].removeprefix('file://')}"
+        return f"{d['name']} @ {d['url']}" if d["url"] else f"{d['name']}=={d['version']}"
+
+    return [line(d) for d in pip_installed(dists)]
 
 
 def snapshot(prefix: Path) -> dict[str, tuple[int, int]]:

@@ -74,53 +74,45 @@ class Recipe(_Strict):
             raise ValueError(f"choose one python: conda spec '{conda_python}' or `python: {self.python}`, not both")
         if self.pip and not (conda_python or self.python):
             raise ValueError("the pip layer needs a python: add `python` to conda.specs, or set `python:` to an interpreter")
-        options = [r for r in self.pip if r.startswith("-") and not r.startswith("-r ")]
+        options = [r for r in self.pip if r.startswith("-") and not r.startswith(("-r ", "-e "))]
         if options:
-            raise ValueError(f"pip entries are requirements or `-r FILE`, not options: {', '.join(options)}")
+            raise ValueError(f"pip entries are requirements, `-r FILE` or `-e PATH`, not options: {', '.join(options)}")
         unknown = {requirement_name(n) for n in self.no_build_isolation} - {requirement_name(r) for r in self.pip}
         if unknown:
             raise ValueError(f"no_build_isolation names packages that `pip` does not list: {', '.join(sorted(unknown))}")
         return self
 
     def pip_requirements(self) -> list[str]:
-        """pip's arguments for the layer: local paths and ``-r`` files resolved against the recipe's folder."""
+        """The pip layer as requirement-file lines, local paths resolved against the recipe's folder."""
         out = []
         for req in self.pip:
-            if req.startswith("-r "):
-                out += ["-r", str((self.base_dir / req[3:].strip()).resolve())]
-            elif req.startswith(("./", "../", "/")) or req in (".", ".."):
-                out.append(str((self.base_dir / req).resolve()))
-            else:
-                out.append(req)
+            option, _, path = req.partition(" ") if req.startswith(("-r ", "-e ")) else ("", "", req)
+            if option or path.startswith(("./", "../", "/")) or path in (".", ".."):
+                path = str((self.base_dir / path.strip()).resolve())
+            out.append(f"{option} {path}".strip())
         return out
 
     def pip_installs(self) -> tuple[list[str], list[str]]:
-        """pip's arguments for two installs: with build isolation, then the no_build_isolation packages."""
+        """Requirement lines for two installs: with build isolation, then the no_build_isolation packages."""
         no_isolation = {requirement_name(n) for n in self.no_build_isolation}
-        isolated: list[str] = []
-        later: list[str] = []
-        args = self.pip_requirements()
-        for i, arg in enumerate(args):
-            if arg == "-r" or (i and args[i - 1] == "-r"):
-                isolated.append(arg)
-            else:
-                (later if requirement_name(arg) in no_isolation else isolated).append(arg)
-        return isolated, later
-
-    def local_sources(self) -> list[Path]:
-        """Local directories the pip layer installs from (their contents count in the recipe's hash)."""
-        return [Path(r) for r in self.pip_requirements() if r.startswith("/") and Path(r).is_dir()]
+        lines = self.pip_requirements()
+        later = [r for r in lines if requirement_name(r) in no_isolation]
+        return [r for r in lines if r not in later], later
 
     def digest(self) -> str:
-        """A hash of everything that decides what the build holds."""
-        h = hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode())
-        for src in self.local_sources():
-            for f in sorted(_source_files(src)):
-                h.update(str(f.relative_to(src)).encode())
-                h.update(f.read_bytes())
-        for req in self.pip_requirements():
-            if req.endswith(".txt") and Path(req).is_file():
-                h.update(Path(req).read_bytes())
+        """A hash of everything that decides what a build holds: the recipe with its local paths resolved,
+        the files of ``-r`` requirement files, and the sources of local (non-editable) packages.
+        Editable packages (``-e PATH``) are not hashed: the env follows their code as it changes."""
+        data = {**self.model_dump(mode="json"), "pip": self.pip_requirements()}
+        h = hashlib.sha256(json.dumps(data, sort_keys=True).encode())
+        for line in self.pip_requirements():
+            path = Path(line.removeprefix("-r ").strip())
+            if line.startswith("-r ") and path.is_file():
+                h.update(path.read_bytes())
+            elif path.is_absolute() and path.is_dir():
+                for f in sorted(_source_files(path)):
+                    h.update(str(f.relative_to(path)).encode())
+                    h.update(f.read_bytes())
         return h.hexdigest()[:16]
 
 
@@ -136,7 +128,8 @@ def _source_files(src: Path) -> list[Path]:
 
 
 def requirement_name(req: str) -> str:
-    """The normalised project name of a requirement line (`Horovod[tensorflow]==0.28.1` -> `horovod`)."""
+    """The normalised project name of a requirement line (`Horovod[tensorflow]==0.28.1` -> `horovod`);
+    local paths and options come back as they are."""
     return re.split(r"[\s<>=!~\[;@]", req, maxsplit=1)[0].lower().replace("_", "-")
 
 
