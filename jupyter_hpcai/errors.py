@@ -16,3 +16,8 @@ class HPCAIError(Exception):
 
     def __str__(self) -> str:
         return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message
+
+    def _render_traceback_(self) -> list[str]:
+        """How IPython shows it in a notebook: the message and the hint, no traceback."""
+        lines = [f"\x1b[1;31m{type(self).__name__}:\x1b[0m {self.message}"]
+        return lines + [f"\x1b[33mhint:\x1b[0m {self.hint}"] if self.hint else lines

@@ -94,3 +94,9 @@ def job_info(job_id: int | str, env: Mapping[str, str] | None = None) -> dict[st
             return None
         run(["scontrol", "--oneliner", "show", "job", str(job_id)], env=env, timeout=30)  # raises with the message
     return parse_key_values(done.stdout)
+
+
+def node_address(name: str, env: Mapping[str, str] | None = None) -> str:
+    """The address Slurm reaches a node at (NodeAddr), which its other nodes can reach too."""
+    out = run(["scontrol", "--oneliner", "show", "node", name], env=env, timeout=30).stdout
+    return parse_key_values(out).get("NodeAddr", name)

@@ -1,0 +1,61 @@
+"""Engine bootstrap: pin this rank to one GPU and set thread counts, then run an ipyparallel engine.
+
+Every launcher (srun, mpirun, local) starts ``python -m jupyter_hpcai.engines.engine``, so the
+pinning is the same whatever started the rank.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, MutableMapping
+
+RANK_VARS = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "HPCAI_RANK")
+LOCAL_RANK_VARS = ("SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "HPCAI_LOCAL_RANK")
+LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "HPCAI_LOCAL_SIZE")
+
+
+def first_int(env: Mapping[str, str], names: tuple[str, ...], default: int) -> int:
+    for name in names:
+        if env.get(name, "").isdigit():
+            return int(env[name])
+    return default
+
+
+def local_size(env: Mapping[str, str]) -> int:
+    """Ranks on this node: from MPI, or Slurm's tasks-per-node list (e.g. ``2(x2)``)."""
+    size = first_int(env, LOCAL_SIZE_VARS, 0)
+    if size:
+        return size
+    per_node = env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", "1"))
+    node = first_int(env, ("SLURM_NODEID",), 0)
+    counts: list[int] = []
+    for part in per_node.split(","):
+        count, _, times = part.partition("(x")
+        counts += [int(count)] * int(times.rstrip(")") or 1)
+    return counts[node] if node < len(counts) else 1
+
+
+def pin(env: MutableMapping[str, str], cpu_count: int) -> None:
+    """One GPU per rank (by local rank, among the GPUs Slurm gave this node) and sane thread counts."""
+    local_rank = first_int(env, LOCAL_RANK_VARS, 0)
+    ranks_here = max(1, local_size(env))
+    gpus = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = gpus[local_rank % len(gpus)]
+        env["HPCAI_NODE_GPUS"] = ",".join(gpus)
+    cpus = first_int(env, ("SLURM_CPUS_PER_TASK",), 0) or max(1, cpu_count // ranks_here)
+    for var in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
+        env.setdefault(var, str(cpus))
+    env.setdefault("TF_NUM_INTEROP_THREADS", "1")
+
+
+def main() -> None:
+    pin(os.environ, len(os.sched_getaffinity(0)))
+    from ipyparallel.engine.app import main as engine_main
+
+    sys.exit(engine_main())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""`%hpc`, `%%horovod_run` and their line forms: argument parsing and display over the engines API."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any
+
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
+
+from . import engines as engines_api
+from .engines.launch import LAUNCHERS
+from .engines.run import OUTPUT_MODES
+from .errors import HPCAIError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises a clear HPCAIError instead of exiting the kernel."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise HPCAIError(f"{self.prog}: {message}", f"usage: {self.format_usage().strip().removeprefix('usage: ')}")
+
+    def exit(self, status: int = 0, message: str | None = None) -> None:  # type: ignore[override]
+        if message:
+            raise HPCAIError(message.strip())
+        raise HPCAIError(self.format_help().strip())  # --help: show it as the message
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 7 * 24 * 3600:
+        raise argparse.ArgumentTypeError(f"must be between 0 and one week, not {text}")
+    return value
+
+
+def hpc_parser() -> _Parser:
+    parser = _Parser(prog="%hpc", add_help=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    start = sub.add_parser("start", help="start engines (default: one per GPU on every node of the job)")
+    start.add_argument("-n", type=_positive, help="number of engines")
+    start.add_argument("--nodes", type=_positive)
+    start.add_argument("--gpus-per-node", type=_positive)
+    start.add_argument("--launcher", choices=LAUNCHERS)
+    for name in ("stop", "restart", "status", "panel"):
+        sub.add_parser(name)
+    return parser
+
+
+def run_parser(prog: str) -> _Parser:
+    parser = _Parser(prog=prog, add_help=True)
+    parser.add_argument("-n", type=_positive, help="ranks (starts engines if none run)")
+    parser.add_argument("--timeout", type=_seconds, help="stop the cell after this many seconds")
+    parser.add_argument("--output", choices=OUTPUT_MODES, default="all")
+    parser.add_argument("--push", default="", help="comma-separated notebook variables to send to every rank")
+    parser.add_argument("-o", dest="var", help="store every rank's result in this variable (a list by rank)")
+    return parser
+
+
+def parse(parser: _Parser, line: str) -> argparse.Namespace:
+    try:
+        words = shlex.split(line)
+    except ValueError as err:
+        raise HPCAIError(f"{parser.prog}: {err}", "check the quotes in the magic's arguments") from None
+    return parser.parse_args(words)
+
+
+@magics_class
+class HPCMagics(Magics):  # type: ignore[misc]
+    """The notebook's view of the engines."""
+
+    @line_magic
+    def hpc(self, line: str) -> Any:
+        """%hpc start [-n N] [--nodes K] [--gpus-per-node G] [--launcher srun|mpirun|local] | stop | restart | status | panel"""
+        args = parse(hpc_parser(), line)
+        engines = engines_api.current()
+        if args.command == "start":
+            ranks = engines.start(n=args.n, nodes=args.nodes, gpus_per_node=args.gpus_per_node, launcher=args.launcher)
+            print(f"{len(ranks)} engines ready ({engines.layout.launcher}):")  # type: ignore[union-attr]
+            _print_ranks(ranks)
+        elif args.command == "stop":
+            engines.stop()
+            print("engines stopped")
+        elif args.command == "restart":
+            _print_ranks(engines.restart())
+        elif args.command == "status":
+            ranks = engines.status()
+            if not ranks:
+                print("no engines running; start them with %hpc start")
+            _print_ranks(ranks)
+        elif args.command == "panel":
+            from .widgets import ClusterPanel
+
+            return ClusterPanel(engines)
+        return None
+
+    @line_cell_magic
+    def horovod_run(self, line: str, cell: str | None = None) -> Any:
+        """%%horovod_run [-n N] [--timeout S] [--output all|rank0|collapse] [--push NAMES] [-o VAR]"""
+        return self._run("horovod", "%%horovod_run", line, cell)
+
+    def _run(self, framework: str, prog: str, line: str, cell: str | None) -> Any:
+        if cell is None:
+            raise HPCAIError(f"{prog} runs a cell", f"write {prog} [options] on the first line of a cell")
+        args = parse(run_parser(prog), line)
+        engines = engines_api.current()
+        if args.n is not None and (not engines.running or len(engines.ranks) != args.n):
+            engines.start(n=args.n)
+        push = {}
+        for name in filter(None, (n.strip() for n in args.push.split(","))):
+            if name not in self.shell.user_ns:
+                raise HPCAIError(f"--push {name}: no such variable in the notebook", "define it first, or fix the name")
+            push[name] = self.shell.user_ns[name]
+        values = engines_api.run_on_ranks(engines, cell, framework=framework, timeout=args.timeout,
+                                          output=args.output, push=push)
+        if args.var:
+            self.shell.user_ns[args.var] = [values[r] for r in sorted(values)]
+            return None
+        return values[0]
+
+
+def _print_ranks(ranks: list[engines_api.Rank]) -> None:
+    for r in ranks:
+        state = "" if r.alive else "  DEAD"
+        print(f"  rank {r.rank:>3}  {r.host:<12} gpu {r.gpu or '-':<4} pid {r.pid}{state}")
+
+
+def load(ipython: Any) -> None:
+    ipython.register_magics(HPCMagics)
