@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,68 @@ def kernel_env(small_recipe: Path, env_store: EnvStore, tmp_path_factory: pytest
     kernelspec.install(env, prefix=str(jupyter))
     os.environ["JUPYTER_PATH"] = str(jupyter / "share" / "jupyter")
     return env
+
+
+ANSI = __import__("re").compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass
+class Cell:
+    status: str
+    stdout: str = ""
+    error: str = ""  # the error's rendering (ename, message, hint or traceback), ANSI colours removed
+    result: str | None = None
+
+
+class JobKernel:
+    """A real Jupyter kernel (started through the hpcai-env provisioner) inside a dev-cluster job."""
+
+    def __init__(self, connection_file: Path, job_id: int) -> None:
+        from jupyter_client import BlockingKernelClient
+
+        self.job_id = job_id
+        self.client = BlockingKernelClient()
+        self.client.load_connection_file(str(connection_file))
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=120)
+        self.pid = int(self.run("import os; os.getpid()").result or 0)
+
+    def run(self, code: str, timeout: float = 300) -> Cell:
+        cell = Cell(status="")
+
+        def hook(msg: dict) -> None:  # type: ignore[type-arg]
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                cell.stdout += content["text"]
+            elif kind == "error":
+                cell.error = ANSI.sub("", "\n".join(content["traceback"]) or f"{content['ename']}: {content['evalue']}")
+            elif kind == "execute_result":
+                cell.result = content["data"]["text/plain"]
+
+        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=hook)
+        cell.status = reply["content"]["status"]
+        return cell
+
+
+@pytest.fixture(scope="session")
+def job_kernel(devcluster, tf_env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobKernel]:  # type: ignore[no-untyped-def]
+    """A notebook kernel in the tf-horovod-cpu env, inside a 2-node job with 2 fake GPUs per node."""
+    import sys
+
+    from jupyter_hpcai import kernelspec, slurm
+    from jupyter_hpcai.proc import wait_until
+
+    work = tmp_path_factory.mktemp("job-kernel")
+    kernelspec.install(tf_env, prefix=str(work))
+    connection = work / "kernel.json"
+    job = slurm.sbatch(["-N2", "--ntasks-per-node=2", "--gpus-per-node=2", "--time=00:45:00", f"--output={work}/job.out",
+                        "--wrap", f"{Path(sys.executable).parent}/jupyter-kernel --kernel={kernelspec.kernel_name(tf_env)} "
+                                  f"--KernelManager.connection_file={connection}"],
+                       env={**os.environ, "JUPYTER_PATH": str(work / "share" / "jupyter")})
+    try:
+        wait_until(connection.exists, timeout=120, what=f"the kernel of job {job} to write its connection file")
+        kernel = JobKernel(connection, job)
+        yield kernel
+        kernel.client.stop_channels()
+    finally:
+        subprocess.run(["scancel", str(job)], timeout=30, check=False)

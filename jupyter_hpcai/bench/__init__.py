@@ -1,0 +1,1 @@
+"""Benchmarks: ResNet-50 scaling and the overhead of every layer."""

@@ -1,0 +1,60 @@
+"""A small Horovod training loop that reports images/sec; the same file runs under srun and %%horovod_run.
+
+Run: ``python -m jupyter_hpcai.bench.train_small [--batch 32] [--warmup 100] [--steps 200]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+
+def main(argv: list[str] | None = None) -> float:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=200)
+    args = parser.parse_args(argv)
+
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    if not hvd.is_initialized():
+        tf.config.threading.set_intra_op_parallelism_threads(int(os.environ.get("TF_NUM_INTRAOP_THREADS", "1")))
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+        hvd.init()
+    tf.keras.utils.set_random_seed(hvd.rank())
+    model = tf.keras.Sequential([tf.keras.Input((32, 32, 3)), tf.keras.layers.Conv2D(16, 3, activation="relu"),
+                                 tf.keras.layers.GlobalAveragePooling2D(), tf.keras.layers.Dense(10)])
+    opt = tf.keras.optimizers.SGD(0.01)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    images = tf.random.uniform((args.batch, 32, 32, 3))
+    labels = tf.random.uniform((args.batch,), maxval=10, dtype=tf.int64)
+
+    @tf.function
+    def step(first: bool) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(images, training=True))
+        tape = hvd.DistributedGradientTape(tape)
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        if first:
+            hvd.broadcast_variables(model.variables, root_rank=0)
+            hvd.broadcast_variables(opt.variables(), root_rank=0)
+        return loss
+
+    step(True)
+    for _ in range(args.warmup):
+        step(False)
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        step(False)
+    rate = args.batch * args.steps / (time.perf_counter() - start)
+    total = float(hvd.allreduce(tf.constant(rate), op=hvd.Sum))
+    if hvd.rank() == 0:
+        print(f"images/sec total {total:.1f} per rank {total / hvd.size():.1f} ranks {hvd.size()}", flush=True)
+    return total
+
+
+if __name__ == "__main__":
+    main()
