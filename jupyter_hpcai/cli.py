@@ -183,6 +183,30 @@ def _read_json(path: Path) -> dict:
         raise HPCAIError(f"cannot read lock file {path}: {err}", "pass a lock.json written by a build") from None
 
 
+@cli.group()
+def spawner() -> None:
+    """The hub's Slurm spawner."""
+
+
+@spawner.command("preview")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=Path("spawner_config/jupyterhub_config.py"), show_default=True, help="The hub's config file.")
+@click.option("--profile", help="Profile name [default: the first].")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="A user option, e.g. nodes=2.")
+@click.option("--user", default="nobody", show_default=True, help="The unix user the job would run as.")
+def spawner_preview(config_file: Path, profile: str | None, options: tuple[str, ...], user: str) -> None:
+    """Print the batch script the hub would submit, after the same validation."""
+    from .spawner.spawner import preview
+
+    values = dict(o.split("=", 1) for o in options if "=" in o)
+    bad = [o for o in options if "=" not in o]
+    if bad:
+        raise HPCAIError(f"--option needs KEY=VALUE, not {bad[0]!r}", "e.g. --option nodes=2")
+    if profile:
+        values["profile"] = profile
+    click.echo(preview(config_file.absolute(), values, user), nl=False)
+
+
 @cli.command()
 def demo() -> None:
     """The main job: bring the dev cluster up and show it."""

@@ -100,3 +100,65 @@ def node_address(name: str, env: Mapping[str, str] | None = None) -> str:
     """The address Slurm reaches a node at (NodeAddr), which its other nodes can reach too."""
     out = run(["scontrol", "--oneliner", "show", "node", name], env=env, timeout=30).stdout
     return parse_key_values(out).get("NodeAddr", name)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A partition with what it can run now and at most."""
+
+    name: str
+    nodes: int
+    idle_nodes: int
+    gpus_per_node: int
+    idle_gpus: int
+    max_time: int | None  # seconds; None for no limit
+    default: bool = False
+
+
+def parse_duration(text: str) -> int | None:
+    """Slurm's time format (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) in seconds; None for UNLIMITED."""
+    text = text.strip()
+    if text.upper() in ("UNLIMITED", "INFINITE", "NONE", ""):
+        return None
+    days, _, rest = text.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:
+        parts += [0] * (3 - len(parts))
+        hours, minutes, seconds = parts
+    elif len(parts) == 3:
+        hours, minutes, seconds = parts
+    elif len(parts) == 2:
+        hours, (minutes, seconds) = 0, parts
+    else:
+        hours, minutes, seconds = 0, parts[0], 0
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def _gpu_used(gres_used: str) -> int:
+    return gres_gpus(re.sub(r"\(IDX:[^)]*\)", "", gres_used))
+
+
+def partitions(env: Mapping[str, str] | None = None) -> list[Partition]:
+    """Every partition, from one sinfo call (per node: state, GPUs and GPUs in use)."""
+    out = run(["sinfo", "--noheader", "--Node", "--Format=NodeList:|,Partition:|,StateLong:|,Gres:|,GresUsed:|,Time:|"],
+              env=env, timeout=30).stdout
+    rows: dict[str, list[tuple[str, str, int, int, str]]] = {}
+    for line in out.splitlines():
+        node, part, state, gres, used, limit, *_ = (f.strip() for f in line.split("|"))
+        rows.setdefault(part, []).append((node, state.lower(), gres_gpus(gres), _gpu_used(used), limit))
+    result = []
+    for part, nodes in rows.items():
+        result.append(Partition(
+            name=part.rstrip("*"), nodes=len(nodes), idle_nodes=sum(1 for n in nodes if n[1] == "idle"),
+            gpus_per_node=max(n[2] for n in nodes),
+            idle_gpus=sum(n[2] - n[3] for n in nodes if n[1] in ("idle", "mixed")),
+            max_time=parse_duration(nodes[0][4]), default=part.endswith("*"),
+        ))
+    return result
+
+
+def format_duration(seconds: int) -> str:
+    """Seconds as Slurm's ``D-HH:MM:SS`` (or ``HH:MM:SS`` under a day)."""
+    days, rest = divmod(seconds, 86400)
+    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text

@@ -9,11 +9,13 @@ APT_PACKAGES=(
   cmake g++ python3-dev python3-venv    # Horovod and mpi4py build from source
   sudo                                  # the hub spawns servers as other users
   lmod                                  # `module load` in recipes (tests use a real modulefile)
+  chromium                              # browser tests (Playwright drives Debian's Chromium)
 )
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
+command -v npm >/dev/null || missing+=(nodejs npm)  # configurable-http-proxy; the image may ship its own Node
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
   apt-get update -q
@@ -23,7 +25,9 @@ fi
 # The project's virtualenv, from the system python so that other unix users can run it.
 [[ -x .venv/bin/python ]] || /usr/bin/python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test]'
+.venv/bin/python -m pip install -q -e '.[hub,test]'
+
+command -v configurable-http-proxy >/dev/null || npm install -g --no-fund --no-audit configurable-http-proxy
 
 # Notebook servers and jobs run as other unix users and must run .venv: let every user traverse
 # (not list) the directories above the checkout, which may sit under /root (mode 700).

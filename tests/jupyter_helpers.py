@@ -74,10 +74,11 @@ async def execute(server: Server, kernel_id: str, code: str, timeout: float = 60
     """Run ``code`` in a server's kernel over its websocket: {"status", "stdout", "error"}."""
     import asyncio
 
+    from tornado.httpclient import HTTPRequest
     from tornado.websocket import websocket_connect
 
-    ws_url = server.url.replace("http", "ws") + f"/api/kernels/{kernel_id}/channels?token={server.token}"
-    conn = await websocket_connect(ws_url)
+    ws_url = server.url.replace("http", "ws") + f"/api/kernels/{kernel_id}/channels"
+    conn = await websocket_connect(HTTPRequest(ws_url, headers={"Authorization": f"token {server.token}"}))
     msg_id = uuid.uuid4().hex
     conn.write_message(json.dumps({
         "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "test", "session": uuid.uuid4().hex,

@@ -1,0 +1,158 @@
+"""Spawn options: admin profiles, limits merged from the scheduler and admin config, validated user input.
+
+Every value that reaches a batch script passes a model here first: types, ranges, choices and
+patterns that allow no newline, no space and no shell metacharacter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ..errors import HPCAIError
+from ..slurm import Partition, format_duration, parse_duration
+
+FIELDS = ("profile", "partition", "nodes", "gpus_per_node", "walltime", "account", "environment")
+Word = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+WALLTIME = r"^(\d{1,3}-)?\d{1,3}(:\d{2}){0,2}$"
+
+
+class Profile(BaseModel):
+    """An admin-defined starting point for the form."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: Annotated[str, Field(min_length=1, max_length=80, pattern=r"^[^\n\r<>]*$")]
+    partition: Word
+    nodes: int = Field(default=1, ge=1)
+    gpus_per_node: int = Field(default=1, ge=0)
+    walltime: Annotated[str, Field(pattern=WALLTIME)] = "01:00:00"
+    account: Annotated[str, Field(pattern=r"^([A-Za-z0-9_.-]{1,64})?$")] = ""
+    environment: str = ""
+    # Extra sbatch options set by the admin (users cannot change them), e.g. ["--qos=interactive"].
+    extra_sbatch: list[Annotated[str, Field(pattern=r"^--[a-z][a-z-]*(=[A-Za-z0-9_.,:=/+-]+)?$")]] = []
+
+
+class SpawnOptions(BaseModel):
+    """A user's validated request: safe to write into a batch script."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    profile: Annotated[str, Field(max_length=80, pattern=r"^[^\n\r<>]*$")]
+    partition: Word
+    nodes: int = Field(ge=1, le=1024)
+    gpus_per_node: int = Field(ge=0, le=64)
+    walltime: Annotated[str, Field(pattern=WALLTIME)]
+    account: Annotated[str, Field(pattern=r"^([A-Za-z0-9_.-]{1,64})?$")] = ""
+    environment: Annotated[str, Field(pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]{0,63})?$")] = ""
+
+    @field_validator("nodes", "gpus_per_node", mode="before")
+    @classmethod
+    def _whole_number(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip().lstrip("-").isdigit():
+            raise ValueError("must be a whole number")
+        return value
+
+    @property
+    def walltime_seconds(self) -> int:
+        return parse_duration(self.walltime) or 0
+
+
+@dataclass(frozen=True)
+class Limit:
+    """What one partition allows: the scheduler's numbers, narrowed by the admin's."""
+
+    partition: str
+    max_nodes: int
+    max_gpus_per_node: int
+    max_walltime: int | None  # seconds
+    idle_nodes: int = 0
+    idle_gpus: int = 0
+
+    def describe(self) -> str:
+        time = format_duration(self.max_walltime) if self.max_walltime else "no limit"
+        return (f"{self.partition}: {self.idle_nodes}/{self.max_nodes} nodes idle, {self.idle_gpus} GPUs free, "
+                f"up to {self.max_gpus_per_node} GPUs per node, max time {time}")
+
+
+def merge_limits(partitions: list[Partition], admin: Mapping[str, Mapping[str, Any]],
+                 allowed: list[str] | None = None) -> dict[str, Limit]:
+    """Scheduler limits narrowed by admin overrides (``{"gpu": {"max_nodes": 2, "max_walltime": "08:00:00"}}``)."""
+    limits = {}
+    for p in partitions:
+        if allowed and p.name not in allowed:
+            continue
+        extra = admin.get(p.name, {})
+        admin_time = parse_duration(str(extra["max_walltime"])) if "max_walltime" in extra else None
+        times = [t for t in (p.max_time, admin_time) if t]
+        limits[p.name] = Limit(
+            partition=p.name,
+            max_nodes=min(p.nodes, int(extra.get("max_nodes", p.nodes))),
+            max_gpus_per_node=min(p.gpus_per_node, int(extra.get("max_gpus_per_node", p.gpus_per_node))),
+            max_walltime=min(times) if times else None,
+            idle_nodes=p.idle_nodes, idle_gpus=p.idle_gpus,
+        )
+    return limits
+
+
+class OptionsError(HPCAIError):
+    """Invalid spawn options: one message per bad field."""
+
+    def __init__(self, errors: dict[str, str]) -> None:
+        self.errors = errors
+        super().__init__("invalid options: " + "; ".join(f"{k}: {v}" for k, v in errors.items()),
+                         "fix the fields named and submit again")
+        self.jupyterhub_message = self.message  # what JupyterHub shows on the spawn page
+
+
+def validate(raw: Mapping[str, Any], profiles: list[Profile], limits: Mapping[str, Limit],
+             environments: Mapping[str, str]) -> tuple[SpawnOptions, Profile]:
+    """Check raw options (form, URL query or REST body) against the model and the limits."""
+    if not profiles:
+        raise OptionsError({"profile": "the admin has configured no profiles"})
+    values = {k: (v[0] if isinstance(v, list) and v else v) for k, v in raw.items()}
+    unknown = sorted(set(values) - set(FIELDS))
+    if unknown:
+        raise OptionsError({k: f"unknown option (allowed: {', '.join(FIELDS)})" for k in unknown})
+    by_name = {p.name: p for p in profiles}
+    name = values.get("profile") or profiles[0].name
+    if name not in by_name:
+        raise OptionsError({"profile": f"unknown profile {str(name)[:80]!r} (choose from: {', '.join(by_name)})"})
+    profile = by_name[name]
+    merged = {**profile.model_dump(include=set(FIELDS)), "profile": name,
+              **{k: v for k, v in values.items() if v not in ("", None)}}
+    try:
+        options = SpawnOptions(**merged)
+    except ValidationError as err:
+        raise OptionsError({str(e["loc"][0]): _say(e) for e in err.errors()}) from None
+    errors = _check_limits(options, limits, environments)
+    if errors:
+        raise OptionsError(errors)
+    return options, profile
+
+
+def _say(error: Mapping[str, Any]) -> str:
+    if error["type"] == "string_pattern_mismatch":
+        return "contains characters that are not allowed (letters, digits, '.', '_' and '-' only; no spaces or newlines)" \
+            if error["loc"][0] != "walltime" else "must look like HH:MM:SS, MM or D-HH:MM:SS"
+    return str(error["msg"]).removeprefix("Value error, ")
+
+
+def _check_limits(o: SpawnOptions, limits: Mapping[str, Limit], environments: Mapping[str, str]) -> dict[str, str]:
+    errors: dict[str, str] = {}
+    limit = limits.get(o.partition)
+    if limit is None:
+        errors["partition"] = f"unknown partition '{o.partition}' (choose from: {', '.join(limits) or 'none'})"
+    else:
+        if o.nodes > limit.max_nodes:
+            errors["nodes"] = f"{o.nodes} is more than the {limit.max_nodes} allowed on {o.partition}"
+        if o.gpus_per_node > limit.max_gpus_per_node:
+            errors["gpus_per_node"] = f"{o.gpus_per_node} is more than the {limit.max_gpus_per_node} per node on {o.partition}"
+        if o.walltime_seconds < 60:
+            errors["walltime"] = "must be at least one minute"
+        elif limit.max_walltime and o.walltime_seconds > limit.max_walltime:
+            errors["walltime"] = f"{o.walltime} is longer than {format_duration(limit.max_walltime)}, the limit on {o.partition}"
+    if o.environment and environments and o.environment not in environments:
+        errors["environment"] = f"unknown environment '{o.environment}' (choose from: {', '.join(environments)})"
+    return errors

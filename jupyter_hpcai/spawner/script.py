@@ -1,0 +1,48 @@
+"""The notebook server's batch script: a template filled with validated options, every value quoted."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+from .options import Profile, SpawnOptions
+
+TEMPLATE = """#!/bin/bash
+#SBATCH --job-name=jupyterhub-{user}
+#SBATCH --output={homedir}/jupyterhub_slurmspawner_%j.log
+#SBATCH --chdir={homedir}
+#SBATCH --export={keepvars}
+#SBATCH --partition={partition}
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node={tasks_per_node}
+{gpus}#SBATCH --time={walltime}
+{account}{extra}
+set -euo pipefail
+# One Jupyter server, on the first node of the job; every node and GPU stays free for the
+# engines (%hpc start). The server's environment carries the whole allocation (SLURM_*).
+export HPCAI_ENV={environment}
+{prologue}
+{cmd}
+"""
+
+
+def render(options: SpawnOptions, profile: Profile, *, user: str, homedir: str, keepvars: str, cmd: Sequence[str],
+           prologue: str = "") -> str:
+    """The batch script. Options were validated; quoting still guards every value that reaches a shell line."""
+    tasks = max(1, options.gpus_per_node)
+    return TEMPLATE.format(
+        user=_sbatch_word(user), homedir=_sbatch_word(homedir), keepvars=_sbatch_word(keepvars),
+        partition=options.partition, nodes=options.nodes, tasks_per_node=tasks,
+        gpus=f"#SBATCH --gpus-per-node={options.gpus_per_node}\n" if options.gpus_per_node else "",
+        walltime=options.walltime,
+        account=f"#SBATCH --account={options.account}\n" if options.account else "",
+        extra="".join(f"#SBATCH {opt}\n" for opt in profile.extra_sbatch),
+        environment=shlex.quote(options.environment), prologue=prologue, cmd=shlex.join(cmd),
+    )
+
+
+def _sbatch_word(value: str) -> str:
+    """#SBATCH lines are not parsed by a shell: refuse anything that could end the line or split it."""
+    if any(c in value for c in "\n\r\0 \t"):
+        raise ValueError(f"refusing to write {value!r} into an #SBATCH line")
+    return value

@@ -1,0 +1,229 @@
+"""HPCSlurmSpawner: batchspawner's SlurmSpawner with profiles, a validated resource form, multi-node
+jobs with one server on the first node, honest progress and failure reasons."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import time
+from pathlib import Path
+from typing import Any
+
+from batchspawner import JobStatus, SlurmSpawner
+from traitlets import Dict, Float, List, Unicode, default
+
+from .. import slurm
+from ..errors import HPCAIError
+from . import form, script
+from .options import Limit, OptionsError, Profile, SpawnOptions, merge_limits, validate
+from .progress import pending_message
+
+_LIMITS_CACHE: dict[str, tuple[float, list[slurm.Partition]]] = {}
+
+
+def _partitions(ttl: float) -> list[slurm.Partition]:
+    """sinfo's partitions, cached for ``ttl`` seconds (one sinfo per form, not per keystroke)."""
+    cached = _LIMITS_CACHE.get("all")
+    if cached and time.monotonic() - cached[0] < ttl:
+        return cached[1]
+    found = slurm.partitions()
+    _LIMITS_CACHE["all"] = (time.monotonic(), found)
+    return found
+
+
+class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
+    """Notebook servers as Slurm jobs on GPU nodes, configured by profiles."""
+
+    profiles = List(Dict(), config=True, help="""Profiles users pick from: dicts with name, partition, nodes,
+        gpus_per_node, walltime, account, environment and extra_sbatch (a list of admin-only sbatch options).""")
+    limits = Dict(config=True, help="""Admin limits per partition, narrowing the scheduler's:
+        {"gpu": {"max_nodes": 2, "max_gpus_per_node": 4, "max_walltime": "08:00:00"}}.""")
+    partitions = List(Unicode(), config=True, help="Partitions offered (default: every partition Slurm reports).")
+    environments = Dict(config=True, help="Environments offered: hpcai env name -> display name.")
+    limits_ttl = Float(60, config=True, help="Seconds the scheduler's partition limits are cached.")
+    req_srun = Unicode("", config=True, help="Empty: the server runs in the batch step, on the first node only.")
+    bind_ip = Unicode("127.0.0.1", config=True, help="""Where the notebook server listens on its node: 0.0.0.0 on
+        a real cluster, where the hub runs on another host (the hub then reaches it at the node's Slurm NodeAddr).""")
+
+    # the form's last rejected submission, shown again with a message per field
+    _rejected: tuple[dict[str, str], dict[str, str]] | None = None
+    _options: SpawnOptions | None = None
+    _profile: Profile | None = None
+
+    @default("options_form")
+    def _default_options_form(self) -> Any:
+        return self._render_form
+
+    # -- options ---------------------------------------------------------------------------
+    def _profiles(self) -> list[Profile]:
+        return [Profile(**p) for p in self.profiles]
+
+    async def current_limits(self) -> dict[str, Limit]:
+        parts = await asyncio.to_thread(_partitions, self.limits_ttl)
+        return merge_limits(parts, self.limits, list(self.partitions) or None)
+
+    async def _render_form(self, spawner: Any = None) -> str:
+        values, errors = self._rejected or ({}, {})
+        self._rejected = None
+        return form.render(self._profiles(), await self.current_limits(), self.environments, values, errors)
+
+    def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
+        return self._checked({k: v[0] for k, v in formdata.items() if v}, remember=True)
+
+    def options_from_query(self, query: dict[str, list[str]]) -> dict[str, Any]:
+        return self._checked({k: v[0] for k, v in query.items() if v}, remember=True)
+
+    def _checked(self, raw: dict[str, Any], remember: bool = False) -> dict[str, Any]:
+        try:
+            parts = _partitions(self.limits_ttl)
+            options, _ = validate(raw, self._profiles(), merge_limits(parts, self.limits, list(self.partitions) or None),
+                                  self.environments)
+        except OptionsError as err:
+            if remember:
+                self._rejected = ({k: str(v) for k, v in raw.items()}, err.errors)
+            raise
+        return options.model_dump()
+
+    # -- the batch script ------------------------------------------------------------------
+    def job_script(self) -> str:
+        """The script this spawner would submit for its user_options (also `hpcai spawner preview`)."""
+        options, profile = self._validate_user_options()
+        cmd = [self.batchspawner_singleuser_cmd, *self.cmd, *self.get_args()]
+        if options.environment:
+            cmd.append(f"--MappingKernelManager.default_kernel_name=hpcai-{options.environment.lower()}")
+        return script.render(options, profile, user=self.user.name, homedir=self._homedir(),
+                             keepvars=",".join(sorted(self.get_env())), cmd=[c for c in cmd if c],
+                             prologue=self.req_prologue)
+
+    def _homedir(self) -> str:
+        import pwd
+
+        try:
+            return pwd.getpwnam(self.user.name).pw_dir
+        except KeyError:
+            raise HPCAIError(f"no unix user named {self.user.name} on the hub host",
+                             "hub users must be unix users of the cluster") from None
+
+    def _validate_user_options(self) -> tuple[SpawnOptions, Profile]:
+        profiles = self._profiles()
+        parts = _partitions(self.limits_ttl)
+        return validate(self.user_options or {}, profiles, merge_limits(parts, self.limits, list(self.partitions) or None),
+                        self.environments)
+
+    async def _get_batch_script(self, **subvars: Any) -> str:
+        return self.job_script()
+
+    async def run_command(self, cmd: str, input: str | None = None, env: dict[str, str] | None = None) -> str:
+        """batchspawner's commands, run as argument lists: no shell ever sees them."""
+        proc = await asyncio.create_subprocess_exec(*shlex.split(cmd), env=env, stdin=asyncio.subprocess.PIPE,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(input.encode() if input else None), timeout=60)
+        except asyncio.TimeoutError:
+            proc.kill()
+            raise RuntimeError(f"{cmd.split()[0]} did not answer within 60 s") from None
+        if proc.returncode != 0:
+            raise RuntimeError(err.decode().strip() or f"exit status {proc.returncode}")
+        return out.decode().strip()
+
+    # -- the job's life --------------------------------------------------------------------
+    async def start(self) -> tuple[str, int]:
+        self.ip, self.port = self.bind_ip, 0
+        self._options, self._profile = self._validate_user_options()
+        test = " ".join([self.exec_prefix.format(username=self.user.name), "sbatch --test-only"])
+        try:
+            await self.run_command(test, input=self.job_script(), env=self.get_env())
+        except RuntimeError as err:
+            raise HPCAIError(f"the scheduler would not run this request: {str(err).removeprefix('sbatch: error: ')}",
+                             "pick another partition, fewer nodes or GPUs, or a shorter walltime") from None
+        await self.submit_batch_script()
+        if not self.job_id:
+            raise HPCAIError("sbatch returned no job id", "see the hub log")
+        while (status := await self.query_job_status()) != JobStatus.RUNNING:
+            if status == JobStatus.NOTFOUND:
+                raise HPCAIError(await self._failure_report("ended before it started running"))
+            await asyncio.sleep(self.startup_poll_interval)
+        self.ip = self.state_gethost()
+        while self.port == 0:  # set when the server reports in through the hub's batchspawner API
+            if await self.query_job_status() == JobStatus.NOTFOUND:
+                raise HPCAIError(await self._failure_report("ended before the Jupyter server started"))
+            await asyncio.sleep(self.startup_poll_interval)
+        return self.ip, self.port
+
+    async def query_job_status(self) -> JobStatus:
+        """Slurm's word on the job. A failed query is UNKNOWN (the job is kept), never 'gone'."""
+        if not self.job_id:
+            return JobStatus.NOTFOUND
+        try:
+            info = await asyncio.to_thread(slurm.job_info, self.job_id)
+        except HPCAIError as err:
+            self.log.warning("Slurm query for job %s failed, keeping the job: %s", self.job_id, err)
+            return JobStatus.UNKNOWN
+        if info is None:
+            self.job_status = ""
+            return JobStatus.NOTFOUND
+        state = info.get("JobState", "")
+        self.job_status = f"{state} {info.get('BatchHost', '')}".strip()
+        if state in ("RUNNING", "COMPLETING"):
+            return JobStatus.RUNNING
+        if state in ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED"):
+            return JobStatus.PENDING
+        return JobStatus.NOTFOUND
+
+    def state_gethost(self) -> str:
+        """The address the hub reaches the first node at (Slurm's NodeAddr; node names may not resolve)."""
+        host = self.job_status.split()[-1]
+        return slurm.node_address(host)
+
+    async def _failure_report(self, what: str) -> str:
+        info = await asyncio.to_thread(slurm.job_info, self.job_id) or {}
+        state, reason, code = info.get("JobState", "gone"), info.get("Reason", ""), info.get("ExitCode", "")
+        lines = [f"Job {self.job_id} {what}: state {state}" + (f", reason {reason}" if reason not in ("", "None") else "")
+                 + (f", exit code {code}" if code else "")]
+        log = Path(info.get("StdOut", "") or "/nonexistent")
+        try:
+            tail = log.read_text(errors="replace").strip().splitlines()[-15:]
+            lines += [f"Last lines of {log}:", *tail]
+        except OSError:
+            pass
+        return "\n".join(lines)
+
+    async def progress(self) -> Any:
+        """Spawn-page events: job id, state, the scheduler's pending reason and expected start."""
+        last = ""
+        while True:
+            if not self.job_id:
+                message, pct = "Checking the request with the scheduler and submitting the job...", 5
+            else:
+                info = await asyncio.to_thread(slurm.job_info, self.job_id) or {}
+                state = info.get("JobState", "")
+                if state == "PENDING":
+                    message, pct = pending_message(self.job_id, info.get("Reason", ""), info.get("StartTime", "")), 30
+                elif state in ("RUNNING", "CONFIGURING"):
+                    message, pct = (f"Job {self.job_id} is running on {info.get('NodeList', '?')}; "
+                                    "waiting for the Jupyter server to start"), 70
+                else:
+                    yield {"progress": 100, "failed": True, "message": await self._failure_report("is not running")}
+                    return
+            if message != last:
+                yield {"progress": pct, "message": message}
+                last = message
+            if pct == 70:
+                return
+            await asyncio.sleep(1)
+
+
+def preview(config_file: Path, options: dict[str, str], user: str) -> str:
+    """The batch script the hub would submit for ``user`` with ``options``, from a hub config file."""
+    from types import SimpleNamespace
+
+    from jupyterhub.objects import Hub
+    from traitlets.config import PyFileConfigLoader
+
+    config = PyFileConfigLoader(config_file.name, str(config_file.parent)).load_config()
+    fake_user = SimpleNamespace(name=user, escaped_name=user, url=f"/user/{user}/", id=0, settings={},
+                                server=None, orm_user=None, spawners={}, db=None)
+    spawner = HPCSlurmSpawner(config=config, user=fake_user, hub=Hub(), orm_spawner=None, api_token="(set at spawn)",
+                              oauth_client_id="jupyterhub-user-preview", server=None)
+    spawner.user_options = spawner._checked(options)
+    return spawner.job_script()

@@ -1,0 +1,51 @@
+"""JupyterHub config for the dev cluster (`hpcai demo`, and the tests).
+
+Settings that differ per run come from the environment: HPCAI_HUB_DIR (state), HPCAI_HUB_PORT (and
+HPCAI_HUB_INTERNAL_PORT, HPCAI_PROXY_API_PORT; default the two ports after it),
+HPCAI_DEMO_PASSWORD (the DummyAuthenticator's shared password) and HPCAI_HUB_API_TOKEN (an admin
+service token for scripts). Everything else is the site config below.
+"""
+
+import os
+import sys
+
+import batchspawner  # noqa: F401  registers the hub's /hub/api/batchspawner handler
+
+c = get_config()  # noqa: F821
+hub_dir = os.environ.get("HPCAI_HUB_DIR", "/var/lib/hpcai/hub")
+port = int(os.environ.get("HPCAI_HUB_PORT", "8000"))
+
+c.JupyterHub.bind_url = f"http://127.0.0.1:{port}"
+c.JupyterHub.hub_ip = "127.0.0.1"  # the dev cluster's nodes are this machine; on a site: an address nodes reach
+c.JupyterHub.hub_port = int(os.environ.get("HPCAI_HUB_INTERNAL_PORT", port + 1))
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{os.environ.get('HPCAI_PROXY_API_PORT', port + 2)}"
+c.JupyterHub.db_url = f"sqlite:///{hub_dir}/jupyterhub.sqlite"
+c.JupyterHub.cookie_secret_file = f"{hub_dir}/cookie_secret"
+c.ConfigurableHTTPProxy.pid_file = f"{hub_dir}/proxy.pid"
+c.JupyterHub.cleanup_servers = False  # notebook jobs outlive a hub restart and are picked up again
+c.JupyterHub.cleanup_proxy = False
+
+c.JupyterHub.authenticator_class = "dummy"
+c.DummyAuthenticator.password = os.environ.get("HPCAI_DEMO_PASSWORD", "")
+c.Authenticator.allow_all = True
+if os.environ.get("HPCAI_HUB_API_TOKEN"):
+    c.JupyterHub.services = [{"name": "hpcai-admin", "api_token": os.environ["HPCAI_HUB_API_TOKEN"]}]
+    c.JupyterHub.load_roles = [{"name": "admin", "services": ["hpcai-admin"]}]
+
+c.JupyterHub.spawner_class = "jupyter_hpcai.spawner.HPCSlurmSpawner"
+c.Spawner.cmd = [f"{sys.prefix}/bin/jupyterhub-singleuser"]
+c.Spawner.default_url = "/lab"
+c.Spawner.env_keep = ["PATH", "LANG", "LC_ALL", "SLURM_CONF", "HPCAI_ENV_ROOT"]
+c.Spawner.start_timeout = 300
+c.Spawner.http_timeout = 120
+c.Spawner.poll_interval = 10
+c.HPCSlurmSpawner.batchspawner_singleuser_cmd = f"{sys.prefix}/bin/batchspawner-singleuser"
+c.HPCSlurmSpawner.startup_poll_interval = 0.5
+c.HPCSlurmSpawner.profiles = [
+    {"name": "1 node, 1 GPU (debug)", "partition": "debug", "nodes": 1, "gpus_per_node": 1, "walltime": "01:00:00",
+     "environment": "tf-horovod-cpu"},
+    {"name": "2 nodes x 2 GPUs", "partition": "gpu", "nodes": 2, "gpus_per_node": 2, "walltime": "02:00:00",
+     "environment": "tf-horovod-cpu"},
+]
+c.HPCSlurmSpawner.environments = {"tf-horovod-cpu": "TensorFlow 2.15 + Horovod 0.28 (CPU)"}
+c.HPCSlurmSpawner.limits = {"debug": {"max_walltime": "01:00:00"}, "gpu": {"max_walltime": "08:00:00"}}

@@ -1,0 +1,264 @@
+"""HPCSlurmSpawner against a real JupyterHub, configurable-http-proxy and the dev Slurm, as a real unix user."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from hub_helpers import USER, Hub
+from jupyter_helpers import Server, execute
+from jupyter_hpcai import slurm
+from jupyter_hpcai.proc import wait_until
+from jupyter_hpcai.slurm import Partition
+from jupyter_hpcai.spawner.options import OptionsError, Profile, merge_limits, validate
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+PROFILES = [Profile(name="debug", partition="debug", nodes=1, gpus_per_node=1, walltime="01:00:00"),
+            Profile(name="big", partition="gpu", nodes=2, gpus_per_node=2, walltime="02:00:00")]
+PARTS = [Partition("gpu", 2, 2, 4, 8, 86400, True), Partition("debug", 2, 2, 4, 8, 7200)]
+LIMITS = merge_limits(PARTS, {"debug": {"max_walltime": "01:00:00"}})
+
+
+# -- options, limits and the script (no hub) ---------------------------------------------------------
+
+def test_profile_defaults_and_user_overrides() -> None:
+    options, profile = validate({"profile": "big", "nodes": "1", "walltime": "00:30:00"}, PROFILES, LIMITS, {})
+    assert (options.partition, options.nodes, options.gpus_per_node, options.walltime) == ("gpu", 1, 2, "00:30:00")
+    assert profile.name == "big"
+
+
+def test_admin_limits_narrow_the_scheduler() -> None:
+    assert LIMITS["debug"].max_walltime == 3600 and LIMITS["gpu"].max_walltime == 86400
+    assert merge_limits(PARTS, {"gpu": {"max_nodes": 1}})["gpu"].max_nodes == 1
+    assert list(merge_limits(PARTS, {}, ["gpu"])) == ["gpu"]
+
+
+@pytest.mark.parametrize(("raw", "field", "message"), [
+    ({"gpus_per_node": "-1"}, "gpus_per_node", "greater than or equal to 0"),
+    ({"nodes": "99"}, "nodes", "more than the 2 allowed"),
+    ({"nodes": "1.5"}, "nodes", "whole number"),
+    ({"account": "x\n#SBATCH --uid=0"}, "account", "not allowed"),
+    ({"partition": "gpu;reboot"}, "partition", "not allowed"),
+    ({"partition": "nosuch"}, "partition", "unknown partition 'nosuch'"),
+    ({"walltime": "99:00:00"}, "walltime", "longer than 01:00:00"),
+    ({"walltime": "$(reboot)"}, "walltime", "HH:MM:SS"),
+    ({"profile": "root"}, "profile", "unknown profile"),
+    ({"uid": "0"}, "uid", "unknown option"),
+    ({"environment": "other"}, "environment", "unknown environment"),
+])
+def test_bad_options_name_the_field(raw: dict[str, str], field: str, message: str) -> None:
+    with pytest.raises(OptionsError) as err:
+        validate({"profile": "debug", **raw}, PROFILES, LIMITS, {"tf": "TF"})
+    assert message in err.value.errors[field]
+
+
+def test_preview_prints_the_quoted_script(devcluster) -> None:  # type: ignore[no-untyped-def]
+    out = subprocess.run(["hpcai", "spawner", "preview", "--config", "spawner_config/demo_config.py",
+                          "--profile", "2 nodes x 2 GPUs", "--option", "walltime=00:20:00", "--user", "nobody"],
+                         capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[1],
+                         env={**os.environ, "PATH": f"{Path(os.sys.executable).parent}:{os.environ['PATH']}"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    script = out.stdout
+    for line in ("#SBATCH --partition=gpu", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2",
+                 "#SBATCH --gpus-per-node=2", "#SBATCH --time=00:20:00", "export HPCAI_ENV=tf-horovod-cpu"):
+        assert line in script
+    assert "JUPYTERHUB_API_TOKEN=" not in script and "srun" not in script.split("set -euo pipefail")[1]
+    bad = subprocess.run(["hpcai", "spawner", "preview", "--config", "spawner_config/demo_config.py",
+                          "--option", "nodes=2\n#SBATCH --uid=0"], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[1],
+                         env={**os.environ, "PATH": f"{Path(os.sys.executable).parent}:{os.environ['PATH']}"})
+    assert bad.returncode == 1 and "nodes: must be a whole number" in bad.stdout and "Traceback" not in bad.stderr
+
+
+# -- through the hub ------------------------------------------------------------------------------
+
+def _run_in_server(hub: Hub, code: str) -> str:
+    """Start a kernel in the user's server through the proxy and run ``code``; its stdout."""
+    server = Server(f"{hub.url}/user/{USER}", hub.user_token(), Path("/dev/null"))
+    status, kernel = server.request("POST", "/api/kernels", {"name": "python3"})
+    assert status == 201, kernel
+    try:
+        result = asyncio.run(execute(server, kernel["id"], code, timeout=120))
+    finally:
+        server.request("DELETE", f"/api/kernels/{kernel['id']}")
+    assert result["status"] == "ok", result
+    return result["stdout"]
+
+
+ENV_PROBE = ("import os, json; print(json.dumps({k: os.environ.get(k) for k in ('CUDA_VISIBLE_DEVICES', 'SLURM_JOB_ID', "
+             "'SLURM_JOB_NUM_NODES', 'SLURM_JOB_NODELIST', 'SLURMD_NODENAME', 'HPCAI_ENV', 'JUPYTERHUB_API_TOKEN')}))")
+
+
+def _job_of_user() -> dict[str, str]:
+    jobs = subprocess.run(["squeue", "--noheader", "--user", USER, "--format=%i"], capture_output=True, text=True,
+                          timeout=30, check=True).stdout.split()
+    assert len(jobs) == 1, jobs
+    return slurm.job_info(jobs[0]) or {}
+
+
+def test_rest_spawn_one_node_one_gpu(hub: Hub, bench: list[str]) -> None:
+    start = time.monotonic()
+    status, body = hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)"})
+    assert status in (201, 202), body
+    hub.wait_ready()
+    spawn_seconds = time.monotonic() - start
+    job = _job_of_user()
+    seen = json.loads(_run_in_server(hub, ENV_PROBE))
+    assert seen["SLURM_JOB_ID"] == job["JobId"] and seen["SLURM_JOB_NUM_NODES"] == "1"
+    assert seen["CUDA_VISIBLE_DEVICES"] is not None and len(seen["CUDA_VISIBLE_DEVICES"].split(",")) == 1
+    assert seen["HPCAI_ENV"] == "tf-horovod-cpu" and job["Partition"] == "debug"
+    queued = _seconds(job["StartTime"]) - _seconds(job["SubmitTime"])
+    bench.append(f"spawn: REST spawn-to-ready {spawn_seconds:.1f} s / sbatch-to-RUNNING {queued:.0f} s "
+                 f"(Slurm's 1 s resolution) + server start; hub overhead = {spawn_seconds - queued:.1f} s")
+    hub.stop_server()
+    assert slurm.job_info(job["JobId"])["JobState"] in slurm.TERMINAL_STATES  # type: ignore[index]
+
+
+def _seconds(stamp: str) -> float:
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(stamp).timestamp()
+
+
+def test_rest_spawn_two_nodes_one_server(hub: Hub) -> None:
+    status, body = hub.api("POST", f"/users/{USER}/server", {"profile": "2 nodes x 2 GPUs", "nodes": 2, "gpus_per_node": 2})
+    assert status in (201, 202), body
+    hub.wait_ready()
+    job = _job_of_user()
+    seen = json.loads(_run_in_server(hub, ENV_PROBE))
+    assert seen["SLURM_JOB_NUM_NODES"] == "2" and slurm.expand_hostlist(seen["SLURM_JOB_NODELIST"]) == ["n1", "n2"]
+    assert len(seen["CUDA_VISIBLE_DEVICES"].split(",")) == 2 and seen["SLURMD_NODENAME"] == "n1"
+    servers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _in_job(p, job["JobId"])
+               and b"jupyterhub-singleuser" in _read(p / "cmdline")]
+    assert len(servers) == 1, "exactly one Jupyter server for a 2-node job"
+    hub.stop_server()
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def _in_job(proc: Path, job_id: str) -> bool:
+    return f"SLURM_JOB_ID={job_id}\0".encode() in _read(proc / "environ")
+
+
+def test_token_never_on_a_command_line_or_in_scontrol(hub: Hub) -> None:
+    hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)"})
+    hub.wait_ready()
+    job = _job_of_user()
+    token = json.loads(_run_in_server(hub, ENV_PROBE))["JUPYTERHUB_API_TOKEN"]
+    assert token and len(token) > 16
+    show = subprocess.run(["scontrol", "show", "job", "-d", job["JobId"]], capture_output=True, text=True, timeout=30).stdout
+    batch = subprocess.run(["scontrol", "write", "batch_script", job["JobId"], "-"], capture_output=True, text=True,
+                           timeout=30).stdout
+    cmdlines = b"\n".join(_read(p / "cmdline") for p in Path("/proc").iterdir() if p.name.isdigit())
+    assert token not in show and token not in batch and token.encode() not in cmdlines
+    assert "#SBATCH --export=" in batch
+    hub.stop_server()
+
+
+def test_pending_job_shows_the_reason(hub: Hub, tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    blocker = slurm.sbatch(["-N2", "--gpus-per-node=4", "--partition=debug", f"--output={tmp_path}/b.out",
+                            "--wrap", f"while [ ! -e {release} ]; do sleep 0.2; done"])
+    try:
+        wait_until(lambda: slurm.job_info(blocker)["JobState"] == "RUNNING", timeout=60, what="the blocker job")  # type: ignore[index]
+        hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)"})
+        messages = _progress_messages(hub, until="[Resources]")
+        pending = next(m for m in messages if "is pending" in m)
+        assert re.search(r"Job \d+ is pending: waiting for resources.*\[Resources\]", pending), messages
+    finally:
+        release.touch()
+    hub.wait_ready()
+    hub.stop_server()
+
+
+def _progress_messages(hub: Hub, until: str, timeout: float = 60) -> list[str]:
+    req = urllib.request.Request(f"{hub.url}/hub/api/users/{USER}/server/progress",
+                                 headers={"Authorization": f"token {hub.token}"})
+    messages: list[str] = []
+    deadline = time.monotonic() + timeout
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if line.startswith("data:"):
+                messages.append(json.loads(line[5:]).get("message", ""))
+                if until in messages[-1] or time.monotonic() > deadline:
+                    break
+    return messages
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"gpus_per_node": -1}, "gpus_per_node"),
+    ({"nodes": 99}, "nodes: 99 is more than"),
+    ({"account": "x\n#SBATCH --uid=0"}, "account: contains characters"),
+    ({"partition": "nosuch"}, "unknown partition 'nosuch'"),
+])
+def test_bad_rest_options_are_refused_before_submission(hub: Hub, options: dict[str, object], message: str) -> None:
+    before = subprocess.run(["squeue", "--noheader", "--user", USER], capture_output=True, text=True, timeout=30).stdout
+    status, body = hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)", **options})
+    assert status >= 400 and message in body["message"], body
+    wait_until(lambda: hub.server() is None, timeout=30, what="the failed spawn to clear")
+    after = subprocess.run(["squeue", "--noheader", "--user", USER], capture_output=True, text=True, timeout=30).stdout
+    assert before == after == ""
+
+
+def test_hub_restart_keeps_the_server_and_scancel_is_noticed(hub: Hub) -> None:
+    hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)"})
+    hub.wait_ready()
+    job = _job_of_user()["JobId"]
+    hub.stop()
+    hub.start()
+    assert hub.server()["ready"]  # type: ignore[index]
+    assert "SLURM_JOB_ID" in _run_in_server(hub, ENV_PROBE)
+    subprocess.run(["scancel", job], check=True, timeout=30)
+    wait_until(lambda: hub.server() is None, timeout=60, what="the hub to notice the cancelled job")
+    assert f"Job {job}" not in subprocess.run(["squeue"], capture_output=True, text=True, timeout=30).stdout
+
+
+def test_browser_spawn_form_to_jupyterlab(hub: Hub) -> None:
+    from playwright.sync_api import sync_playwright
+
+    from hub_helpers import PASSWORD
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(f"{hub.url}/hub/login")
+        page.fill("#username_input", USER)
+        page.fill("#password_input", PASSWORD)
+        page.click("#login_submit")
+        page.goto(f"{hub.url}/hub/spawn")
+        page.select_option("#hpcai-profile", "2 nodes x 2 GPUs")
+        assert page.input_value("#hpcai-nodes") == "2"
+        page.fill("#hpcai-nodes", "99")
+        page.click("input[type=submit], button[type=submit]")
+        assert "more than the 2 allowed" in page.inner_text("#hpcai-error-nodes")
+        page.select_option("#hpcai-profile", "2 nodes x 2 GPUs")
+        page.fill("#hpcai-nodes", "2")
+        page.fill("#hpcai-gpus_per_node", "1")
+        page.screenshot(path=str(ARTIFACTS / "spawn-form.png"), full_page=True)
+        page.click("input[type=submit], button[type=submit]")
+        page.wait_for_url(re.compile(rf".*/user/{USER}/lab.*"), timeout=180_000)
+        page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
+        page.screenshot(path=str(ARTIFACTS / "jupyterlab-after-spawn.png"))
+        browser.close()
+    job = _job_of_user()
+    assert job["NumNodes"] == "2" and job["TresPerNode"] == "gres:gpu:1"  # what the form asked for
+    hub.stop_server()
+
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
