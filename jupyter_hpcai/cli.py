@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -12,7 +14,10 @@ from rich.table import Table
 from . import kernelspec
 from .devcluster import DevCluster
 from .envs import Builder, EnvStore, load_recipe
-from .envs.check import check
+from .envs import remote
+from .envs.check import check, site_warnings
+from .envs.preflight import preflight
+from .envs.store import Env
 from .errors import HPCAIError
 
 console = Console(soft_wrap=True)  # long paths and messages stay on one line
@@ -96,10 +101,23 @@ def env() -> None:
 @click.option("--locked", is_flag=True, help="Reproduce the current build's lock exactly.")
 @click.option("--lock-file", type=click.Path(dir_okay=False, path_type=Path), help="Reproduce this lock exactly.")
 @click.option("--rebuild", is_flag=True, help="Rebuild both layers from the recipe, in order.")
-def env_build(recipe: Path, name: str | None, locked: bool, lock_file: Path | None, rebuild: bool) -> None:
+@click.option("--on-partition", help="Build in a Slurm job on this partition [default: the recipe's build.partition].")
+@click.option("--gpus", type=click.IntRange(0, 16), help="GPUs for the build job [default: the recipe's build.gpus].")
+@click.option("--time", "time_limit", help="Walltime of the build job [default: the recipe's build.time].")
+@click.option("--account", help="Slurm account for the build job.")
+@click.option("--here", is_flag=True, help="Build on this machine even if the recipe names a build partition.")
+def env_build(recipe: Path, name: str | None, locked: bool, lock_file: Path | None, rebuild: bool,
+              on_partition: str | None, gpus: int | None, time_limit: str | None, account: str | None, here: bool) -> None:
     """Build RECIPE into a new version of its env; `current` moves only when verify passes."""
     parsed = load_recipe(recipe)
     store = EnvStore()
+    partition = None if here else (on_partition or parsed.build.partition)
+    if partition and not os.environ.get("SLURM_JOB_ID"):
+        extra = tuple(flag for flag, on in (("--locked", locked), ("--rebuild", rebuild)) if on)
+        extra += ("--lock-file", str(lock_file.absolute())) if lock_file else ()
+        _build_in_job(recipe, store.env(name or parsed.name), partition, parsed.build.gpus if gpus is None else gpus,
+                      time_limit or parsed.build.time, account, extra)
+        return
     lock = None
     if lock_file:
         lock = _read_json(lock_file)
@@ -108,6 +126,7 @@ def env_build(recipe: Path, name: str | None, locked: bool, lock_file: Path | No
         lock = build.lock() if build else None
         if lock is None:
             raise HPCAIError(f"env '{name or parsed.name}' has no lock", "build it once without --locked")
+    signal.signal(signal.SIGTERM, _interrupt)  # scancel of a build job: stop like Ctrl-C, keep the old env
     with console.status("preparing...") as status:
         def progress(phase: str, message: str) -> None:
             if phase == "log":
@@ -128,6 +147,43 @@ def env_build(recipe: Path, name: str | None, locked: bool, lock_file: Path | No
         console.print(f"env '{result.env.name}' built: {result.build.prefix}")
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _build_in_job(recipe: Path, env_: Env, partition: str, gpus: int, time_limit: str, account: str | None,
+                  extra: tuple[str, ...]) -> None:
+    job = remote.submit(recipe, env_, partition=partition, gpus=gpus, time_limit=time_limit, account=account,
+                        extra_args=extra)
+    console.print(f"build job {job.job_id} on partition {partition} ({gpus} GPUs); log: {job.log}")
+    while True:
+        try:
+            code = remote.follow(job, lambda line: console.print(f"  [dim]{job.job_id}|[/] {line}", highlight=False))
+            break
+        except KeyboardInterrupt:
+            if click.confirm(f"\ncancel build job {job.job_id}?", default=True):
+                remote.cancel(job)
+                console.print(f"cancelling job {job.job_id}; env '{env_.name}' keeps its current build")
+    if code:
+        raise HPCAIError(f"build job {job.job_id} failed (exit status {code})", f"see its log: {job.log}")
+    console.print(f"build job {job.job_id} finished")
+
+
+@env.command("preflight")
+@click.argument("recipe", type=click.Path(dir_okay=False, path_type=Path))
+def env_preflight(recipe: Path) -> None:
+    """Check the compiler, CMake, MPI, CUDA/NCCL and GPUs the recipe's build needs, here."""
+    checked = preflight(load_recipe(recipe))
+    table = Table("fact", "value", title="toolchain on this node")
+    for key, value in checked.facts.items():
+        table.add_row(key, str(value if value not in (None, []) else "-"))
+    console.print(table)
+    for warning in checked.warnings:
+        console.print(f"[yellow]warning:[/] {warning}")
+    checked.raise_for_problems()
+    console.print("[green]preflight passed[/]")
+
+
 @env.command("list")
 def env_list() -> None:
     """List the environments and their current builds."""
@@ -144,9 +200,12 @@ def env_list() -> None:
 @env.command("check")
 @click.argument("name")
 def env_check(name: str) -> None:
-    """Activate the env and re-run its verify steps."""
-    for step in check(EnvStore().get(name)):
+    """Activate the env, re-run its verify steps, and warn when this node differs from where it was built."""
+    target = EnvStore().get(name)
+    for step in check(target):
         console.print(f"[green]✓[/] {step.step}")
+    for warning in site_warnings(target):
+        console.print(f"[yellow]warning:[/] {warning}")
     console.print(f"env '{name}' is OK")
 
 
@@ -231,3 +290,7 @@ def main() -> None:
     except click.ClickException as err:
         err.show()
         sys.exit(err.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -75,9 +75,9 @@ TERMINAL_STATES = frozenset(
 )
 
 
-def sbatch(args: list[str], env: Mapping[str, str] | None = None, timeout: float = 30) -> int:
-    """Submit a job (``args`` are sbatch's options and the script) and return its id."""
-    out = run(["sbatch", "--parsable", *args], env=env, timeout=timeout).stdout.strip()
+def sbatch(args: list[str], env: Mapping[str, str] | None = None, timeout: float = 30, script: str | None = None) -> int:
+    """Submit a job (``args`` are sbatch's options, then a script path, or ``script`` on stdin); return its id."""
+    out = run(["sbatch", "--parsable", *args], env=env, timeout=timeout, input=script).stdout.strip()
     return int(out.split(";")[0])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,13 +121,23 @@ def small_env(small_recipe: Path, env_store: EnvStore, bench: list[str]) -> Env:
     return result.env
 
 
-@pytest.fixture(scope="session")
-def tf_env() -> Iterator[Env]:
-    """The real tf-horovod-cpu env, in a store outside the checkout that persists between runs:
-    rebuilt only when its recipe (or this package's source) changed."""
+def _shipped_env(recipe: str) -> Env:
+    """A shipped recipe's env, in a store outside the checkout that persists between runs: rebuilt only
+    when the recipe changed (jupyter_hpcai is installed editable, so code changes need no rebuild)."""
     store = EnvStore(Path(os.environ.get("HPCAI_TEST_ENV_ROOT", "/opt/hpcai/envs")))
-    result = Builder(load_recipe(REPO / "recipes" / "tf-horovod-cpu.yaml"), store=store).run()
-    yield result.env
+    return Builder(load_recipe(REPO / "recipes" / f"{recipe}.yaml"), store=store).run().env
+
+
+@pytest.fixture(scope="session")
+def tf_env() -> Env:
+    """The real tf-horovod-cpu env (TensorFlow 2.15.1, Horovod 0.28.1 with Gloo and MPI)."""
+    return _shipped_env("tf-horovod-cpu")
+
+
+@pytest.fixture(scope="session")
+def torch_env() -> Env:
+    """The real torch-cpu env (torch 2.13.0, Gloo)."""
+    return _shipped_env("torch-cpu")
 
 
 MODULEFILE = """-- a real Lmod modulefile, loaded by the kernel env's activation
@@ -196,23 +207,23 @@ class JobKernel:
         return cell
 
 
-@pytest.fixture(scope="session")
-def job_kernel(devcluster, tf_env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobKernel]:  # type: ignore[no-untyped-def]
-    """A notebook kernel in the tf-horovod-cpu env, inside a 2-node job with 2 fake GPUs per node."""
+@contextmanager
+def kernel_in_job(env: Env, work: Path, sbatch_args: tuple[str, ...] = ("-N2", "--ntasks-per-node=2",
+                                                                       "--gpus-per-node=2")) -> Iterator[JobKernel]:
+    """A notebook kernel in ``env`` (through the hpcai-env provisioner), inside a dev-cluster job."""
     import sys
 
     from jupyter_hpcai import kernelspec, slurm
     from jupyter_hpcai.proc import wait_until
 
-    work = tmp_path_factory.mktemp("job-kernel")
-    kernelspec.install(tf_env, prefix=str(work))
+    kernelspec.install(env, prefix=str(work))
     connection = work / "kernel.json"
-    job = slurm.sbatch(["-N2", "--ntasks-per-node=2", "--gpus-per-node=2", "--time=00:45:00", f"--output={work}/job.out",
-                        "--wrap", f"{Path(sys.executable).parent}/jupyter-kernel --kernel={kernelspec.kernel_name(tf_env)} "
+    job = slurm.sbatch([*sbatch_args, "--time=00:45:00", f"--output={work}/job.out",
+                        "--wrap", f"{Path(sys.executable).parent}/jupyter-kernel --kernel={kernelspec.kernel_name(env)} "
                                   f"--KernelManager.connection_file={connection}"],
                        env={**os.environ, "JUPYTER_PATH": str(work / "share" / "jupyter")})
     try:
-        wait_until(connection.exists, timeout=120, what=f"the kernel of job {job} to write its connection file")
+        wait_until(connection.exists, timeout=300, what=f"the kernel of job {job} to write its connection file")
         kernel = JobKernel(connection, job)
         yield kernel
         kernel.client.stop_channels()
@@ -220,17 +231,40 @@ def job_kernel(devcluster, tf_env: Env, tmp_path_factory: pytest.TempPathFactory
         subprocess.run(["scancel", str(job)], timeout=30, check=False)
 
 
-@pytest.fixture(scope="session")
-def hub(devcluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator["Hub"]:  # type: ignore[no-untyped-def]
-    """A real JupyterHub with the demo config, spawning as the real unix user hpcai-alice."""
-    from hub_helpers import USER, Hub, ensure_user
+@dataclass
+class JobLab:
+    url: str
+    token: str
+    root: Path
+    job_id: int
 
-    ensure_user(USER)
-    hub = Hub(tmp_path_factory.mktemp("hub"))
-    hub.start()
-    hub.api("POST", f"/users/{USER}")  # 201, or 409 when a restarted hub already has the user
-    yield hub
-    if hub.proc and hub.proc.poll() is None and hub.server(USER) is not None:
-        hub.stop_server(USER)
-    hub.stop(proxy=True)
-    subprocess.run(["scancel", "--user", USER], timeout=30, check=False)
+
+@pytest.fixture(scope="module")
+def job_lab(devcluster, tf_env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobLab]:  # type: ignore[no-untyped-def]
+    """JupyterLab (with the jupyter-hpcai extension) inside a 1-node job with 2 fake GPUs."""
+    import secrets
+    import sys
+
+    from jupyter_helpers import free_port
+    from jupyter_hpcai import kernelspec, slurm
+    from jupyter_hpcai.proc import wait_until
+
+    work = tmp_path_factory.mktemp("job-lab")
+    kernelspec.install(tf_env, prefix=str(work))
+    settings = work / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
+    port, token = free_port(), secrets.token_hex(16)
+    cmd = (f"{Path(sys.executable).parent}/jupyter-lab --no-browser --allow-root --ip=127.0.0.1 --port={port} "
+           f"--IdentityProvider.token={token} --ServerApp.root_dir={work}")
+    job = slurm.sbatch(["-N1", "--ntasks-per-node=2", "--gpus-per-node=2", "--time=00:30:00",
+                        f"--output={work}/lab.log", "--wrap", cmd],
+                       env={**os.environ, "JUPYTER_PATH": str(work / "share" / "jupyter"),
+                            "JUPYTERLAB_SETTINGS_DIR": str(work / "settings"), "IPYTHONDIR": str(work / "ipython")})
+    lab = JobLab(f"http://127.0.0.1:{port}", token, work, job)
+    try:
+        wait_until(lambda: "is running at" in (work / "lab.log").read_text() if (work / "lab.log").exists() else None,
+                   timeout=120, what=f"JupyterLab in job {job}")
+        yield lab
+    finally:
+        subprocess.run(["scancel", str(job)], timeout=30, check=False)

@@ -12,9 +12,16 @@ import time
 
 import pytest
 
-from conftest import JobKernel
+from conftest import JobKernel, kernel_in_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def job_kernel(devcluster, tf_env, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A notebook kernel in the tf-horovod-cpu env, inside a 2-node job with 2 fake GPUs per node."""
+    with kernel_in_job(tf_env, tmp_path_factory.mktemp("job-kernel")) as kernel:
+        yield kernel
 
 
 @pytest.fixture
@@ -145,20 +152,38 @@ def test_killed_rank_is_reported_and_kernel_survives(world: JobKernel) -> None:
 
 def test_benchmarks(world: JobKernel, bench: list[str]) -> None:
     """Printed, not asserted: throughput, dispatch latency and start time against their baselines."""
-    code = '''
+    code = r'''
 import re, subprocess, sys, time, statistics
 from jupyter_hpcai.engines import current
 ip = get_ipython()
 srun = ["srun", "--mpi=pmix", "--overlap", "--nodes=2", "--ntasks-per-node=2"]
-args = ["--batch", "32", "--warmup", "300", "--steps", "150"]  # fresh srun processes need ~300 steps to settle
-ip.run_cell_magic("horovod_run", "-o rates", "from jupyter_hpcai.bench.train_small import main\\nmain(%r)" % args)
-magic = rates[0]
-# the same thread settings the engines run with (engine.pin), so only the launch path differs
-threads = current().client[current().ranks[0].engine_id].apply_sync(
-    lambda: {k: __import__("os").environ[k] for k in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")})
-out = subprocess.run([*srun, sys.executable, "-m", "jupyter_hpcai.bench.train_small", *args],
-                     capture_output=True, text=True, timeout=600, env={**__import__("os").environ, **threads}).stdout
-plain = float(re.search(r"images/sec total ([\\d.]+)", out).group(1))
+args = ["--batch", "32", "--warmup", "300", "--steps", "150"]  # fresh processes need ~300 steps to settle
+# Plain srun twice and the magic twice (a notebook's engines stay warm between cells); keep each one's best
+# run, as 2 cores for 4 ranks are noisy. The srun runs go with no engines alive: idle Horovod engines
+# busy-poll in MPI and would slow them down.
+threads = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}  # as engine.pin sets
+plains, magics = [], []
+
+def plain_run():
+    out = subprocess.run([*srun, sys.executable, "-m", "jupyter_hpcai.bench.train_small", *args],
+                         capture_output=True, text=True, timeout=600, env={**__import__("os").environ, **threads}).stdout
+    plains.append(float(re.search(r"images/sec total ([\d.]+)", out).group(1)))
+
+ip.run_line_magic("hpc", "stop")
+plain_run()
+ip.run_line_magic("hpc", "start")
+for _ in range(2):
+    ip.run_cell_magic("horovod_run", "-o rates", "from jupyter_hpcai.bench.train_small import main\nmain(%r)" % args)
+    magics.append(rates[0])
+ip.run_line_magic("hpc", "stop")
+plain_run()
+plain, magic = max(plains), max(magics)
+ip.run_line_magic("hpc", "stop")
+t = time.perf_counter()
+subprocess.run([*srun, sys.executable, "-c", "import horovod.tensorflow as hvd; hvd.init()"], check=True, timeout=600)
+raw = time.perf_counter() - t
+t = time.perf_counter(); ip.run_line_magic("hpc", "start"); ip.run_cell_magic("horovod_run", "", "pass")
+ready = time.perf_counter() - t
 
 def latency(run):
     times = []
@@ -168,12 +193,6 @@ def latency(run):
 current().client[:].activate()
 ours = latency(lambda: ip.run_cell_magic("horovod_run", "", "pass"))
 px = latency(lambda: ip.run_cell_magic("px", "--block", "pass"))
-
-t = time.perf_counter(); ip.run_line_magic("hpc", "restart"); ip.run_cell_magic("horovod_run", "", "pass")
-ready = time.perf_counter() - t
-t = time.perf_counter()
-subprocess.run([*srun, sys.executable, "-c", "import horovod.tensorflow as hvd; hvd.init()"], check=True, timeout=600)
-raw = time.perf_counter() - t
 print(f"RESULT {magic} {plain} {ours} {px} {ready} {raw}")
 '''
     cell = world.run(code, timeout=900)
@@ -183,7 +202,7 @@ print(f"RESULT {magic} {plain} {ours} {px} {ready} {raw}")
                  "(target >= 0.97; 4 ranks on 2 cores)")
     bench.append(f"dispatch latency of an empty cell on 4 engines: %%horovod_run {ours * 1e3:.1f} ms / %%px "
                  f"{px * 1e3:.1f} ms = {ours / px:.2f} (target <= 1.2)")
-    bench.append(f"time to 4 Horovod-ready engines: %hpc restart {ready:.1f} s / raw srun hvd.init() {raw:.1f} s "
+    bench.append(f"time to 4 Horovod-ready engines: %hpc start {ready:.1f} s / raw srun hvd.init() {raw:.1f} s "
                  f"= {ready / raw:.2f}")
 
 

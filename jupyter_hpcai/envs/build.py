@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import sys
 import time
@@ -25,11 +26,13 @@ from .. import paths
 from ..errors import HPCAIError
 from ..proc import run, run_logged
 from . import activate, conda, pip
+from .preflight import preflight
 from .recipe import Recipe, requirement_name
 from .store import Build, Env, EnvStore
 from .verify import verify
 
 Progress = Callable[[str, str], None]  # (phase, latest message)
+_COMPILED_AGAINST = re.compile(r"^(tensorflow|tf-keras|keras|torch|mxnet|jax|jaxlib|numpy|mpi4py)\b", re.I)
 _DROP = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV")
 
 
@@ -158,6 +161,13 @@ class Builder:
                isolated_off: list[str]) -> list[str]:
         recipe, prefix = self.recipe, build.prefix
         on_output = lambda line: None  # noqa: E731
+        with self._phase("preflight", log):
+            checked = preflight(recipe)
+            with open(log, "a") as out:
+                out.write(f"preflight: {json.dumps(checked.facts)}\n")
+            for warning in checked.warnings:
+                self.progress("preflight", f"warning: {warning}")
+            checked.raise_for_problems()
         if specs:
             with self._phase("conda", log):
                 conda.install(prefix, channels, specs, cache=paths.cache_dir() / "conda-pkgs", log=log)
@@ -180,9 +190,9 @@ class Builder:
                     pip.install(build.python, plain, env=pip_env, log=log, no_deps=bool(self.locked), on_output=on_output)
                 if isolated_off:
                     # pip keys its wheel cache by source only; these builds also depend on the build variables
-                    # and on the packages they compile against (Horovod against TensorFlow), so cache them apart.
-                    key = hashlib.sha256(json.dumps([build_env, pip.lock_lines(pip.inspect(build.python, env))],
-                                                    sort_keys=True).encode()).hexdigest()[:16]
+                    # and on the frameworks they compile against (Horovod against TensorFlow), so cache them apart.
+                    against = [d for d in pip.lock_lines(pip.inspect(build.python, env)) if _COMPILED_AGAINST.match(d)]
+                    key = hashlib.sha256(json.dumps([build_env, against], sort_keys=True).encode()).hexdigest()[:16]
                     cache = paths.cache_dir() / "pip-builds" / key
                     pip.install(build.python, isolated_off, env={**pip_env, "PIP_CACHE_DIR": str(cache)}, log=log,
                                 no_build_isolation=True, no_deps=bool(self.locked), on_output=on_output)
@@ -208,6 +218,7 @@ class Builder:
                 "build_env": build_env, "verify": [{"step": s.step, "output": s.output} for s in steps],
                 "conflicts": conflicts, "pip_check": pip_check.strip() if plain or isolated_off else "",
                 "phase_seconds": self.phase_seconds, "builder_python": sys.version.split()[0],
+                "build_site": checked.facts,
             }
             lock = {
                 "recipe_hash": recipe.digest(),

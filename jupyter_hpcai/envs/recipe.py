@@ -45,6 +45,15 @@ class Verify(_Strict):
     commands: list[VerifyCommand] = []
 
 
+class BuildSite(_Strict):
+    """Where and with what the env is built (``hpcai env build --on-partition``, the toolchain preflight)."""
+
+    partition: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")] | None = None
+    gpus: int = Field(default=0, ge=0, le=16)
+    time: Annotated[str, Field(pattern=r"^(\d{1,3}-)?\d{1,3}(:\d{2}){0,2}$")] = "02:00:00"
+    min_gcc: Annotated[str, Field(pattern=r"^\d+(\.\d+){0,2}$")] | None = None
+
+
 class Recipe(_Strict):
     """What an environment holds and how it is built: conda layer first, then pip."""
 
@@ -57,6 +66,7 @@ class Recipe(_Strict):
     modules: list[Annotated[str, Field(pattern=r"^[\w./+-]+$")]] = []
     activate: dict[Annotated[str, Field(pattern=VAR_NAME)], NoNewline] = {}
     verify: Verify = Verify()
+    build: BuildSite = BuildSite()
     # Set by load_recipe, not by the file: where relative paths in `pip` are resolved.
     base_dir: Path = Field(default=Path("."), exclude=True)
 
@@ -91,6 +101,9 @@ class Recipe(_Strict):
                 path = str((self.base_dir / path.strip()).resolve())
             out.append(f"{option} {path}".strip())
         return out
+
+    def builds_horovod(self) -> bool:
+        return any(requirement_name(r) == "horovod" for r in self.pip)
 
     def pip_installs(self) -> tuple[list[str], list[str]]:
         """Requirement lines for two installs: with build isolation, then the no_build_isolation packages."""
@@ -139,7 +152,7 @@ def _format_errors(err: ValidationError) -> str:
         where = ".".join(str(p) for p in e["loc"]) or "(recipe)"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            msg = "unknown key (allowed: name, conda, python, pip, build_env, no_build_isolation, modules, activate, verify)" \
+            msg = "unknown key (allowed: name, conda, python, pip, build_env, no_build_isolation, modules, activate, verify, build)" \
                 if len(e["loc"]) == 1 else "unknown key"
         elif e["type"] == "string_pattern_mismatch" and "\\n" in str(e.get("ctx", {}).get("pattern", "")):
             msg = "must be one line (no newlines)"

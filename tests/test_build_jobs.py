@@ -1,0 +1,125 @@
+"""Builds as Slurm jobs on the partition that will use the env, and the toolchain preflight."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jupyter_hpcai import slurm
+from jupyter_hpcai.envs import EnvStore, parse_recipe
+from jupyter_hpcai.envs.check import check
+from jupyter_hpcai.envs.preflight import preflight
+from jupyter_hpcai.errors import HPCAIError
+from jupyter_hpcai.proc import wait_until
+from test_envs import BLOCKING_BACKEND
+
+HPCAI = str(Path(sys.executable).parent / "hpcai")
+
+
+def _cli(args: list[str], store: EnvStore, **kwargs) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
+    return subprocess.Popen([HPCAI, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "HPCAI_ENV_ROOT": str(store.root), "COLUMNS": "200"}, **kwargs)
+
+
+@pytest.mark.slurm
+def test_build_job_on_the_gpu_partition(devcluster, small_recipe: Path, env_store: EnvStore) -> None:  # type: ignore[no-untyped-def]
+    proc = _cli(["env", "build", str(small_recipe), "--name", "remote", "--on-partition", "gpu", "--gpus", "1"], env_store)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output
+    job_id = output.split("build job ")[1].split()[0]
+    assert f"{job_id}| ✓ pip done" in output and f"{job_id}| env 'remote' built" in output, output
+    env = env_store.env("remote")
+    site = env.current().manifest()["build_site"]  # type: ignore[index,union-attr]
+    assert (site["job_id"], site["partition"], len(site["gpus"])) == (job_id, "gpu", 1)
+    assert site["node"] in ("n1", "n2") and "Open MPI" in site["mpi"]
+    assert check(env)
+
+
+@pytest.mark.slurm
+def test_cancelling_a_build_job_keeps_the_old_env(devcluster, small_recipe: Path, env_store: EnvStore,  # type: ignore[no-untyped-def]
+                                                  tmp_path: Path) -> None:
+    proc = _cli(["env", "build", str(small_recipe), "--name", "cancelled", "--here"], env_store)
+    assert proc.wait(timeout=300) == 0
+    env = env_store.env("cancelled")
+    before = env.current()
+    project = tmp_path / "blocker"
+    project.mkdir()
+    (project / "pyproject.toml").write_text('[build-system]\nrequires = []\nbuild-backend = "backend"\n'
+                                            'backend-path = ["."]\n[project]\nname = "blocker"\nversion = "1"\n')
+    (project / "backend.py").write_text(BLOCKING_BACKEND)
+    recipe = tmp_path / "blocking.yaml"
+    recipe.write_text(small_recipe.read_text().replace("pip: [six==1.16.0]", f"pip: [six==1.16.0, {project}]"))
+    started = tmp_path / "started"
+    proc = subprocess.Popen([HPCAI, "env", "build", str(recipe), "--name", "cancelled", "--on-partition", "gpu"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "HPCAI_ENV_ROOT": str(env_store.root), "HPCAI_TEST_STARTED": str(started)})
+    try:
+        wait_until(started.exists, timeout=300, what="the build job to reach its pip layer")
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate("y\n", timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    job_id = output.split("build job ")[1].split()[0]
+    assert "cancel build job" in output and f"cancelling job {job_id}" in output, output
+    wait_until(lambda: slurm.job_info(job_id)["JobState"] in slurm.TERMINAL_STATES, timeout=60, what="the job to end")  # type: ignore[index]
+    assert slurm.job_info(job_id)["JobState"] == "CANCELLED"  # type: ignore[index]
+    assert env.current() == before and check(env)
+    wait_until(lambda: [b.id for b in env.builds()] == [before.id], timeout=30,  # type: ignore[union-attr]
+               what="the cancelled build's prefix to be discarded")
+
+
+# -- preflight ----------------------------------------------------------------------------------------
+
+HOROVOD_RECIPE = """
+name: hvd
+python: /usr/bin/python3
+pip: [horovod==0.28.1, mpi4py]
+build_env: {HOROVOD_WITH_MPI: "1"}
+"""
+
+
+def test_preflight_passes_here() -> None:
+    checked = preflight(parse_recipe(HOROVOD_RECIPE))
+    assert checked.problems == [] and checked.facts["compiler"] and "Open MPI" in checked.facts["mpi"]
+
+
+def test_compiler_too_old() -> None:
+    checked = preflight(parse_recipe(HOROVOD_RECIPE + "build: {min_gcc: '99.1'}\n"))
+    (what, fix), = checked.problems
+    assert f"gcc {checked.facts['compiler']} is older than 99.1" in what and "module load" in fix
+
+
+def test_mpi_missing(tmp_path: Path) -> None:
+    for tool in ("gcc", "cmake", "bash"):  # a PATH with the compiler and CMake, without MPI
+        (tmp_path / tool).symlink_to(shutil.which(tool))  # type: ignore[arg-type]
+    checked = preflight(parse_recipe(HOROVOD_RECIPE), {**os.environ, "PATH": str(tmp_path)})
+    (what, fix), = checked.problems
+    assert "mpicc not found" in what and "module load openmpi" in fix
+
+
+def test_nccl_home_not_found() -> None:
+    recipe = parse_recipe(HOROVOD_RECIPE.replace('build_env: {HOROVOD_WITH_MPI: "1"}',
+                                                 'build_env: {HOROVOD_WITH_MPI: "1", HOROVOD_GPU_OPERATIONS: NCCL, '
+                                                 'HOROVOD_NCCL_HOME: /opt/no-nccl-here}'))
+    checked = preflight(recipe)
+    nccl = [what for what, _ in checked.problems if "NCCL home" in what]
+    assert nccl == ["NCCL home not found: HOROVOD_NCCL_HOME=/opt/no-nccl-here has no include/nccl.h and lib/libnccl.so"]
+    assert any("no GPU visible" in w for w in checked.warnings)
+    with pytest.raises(HPCAIError, match="preflight found"):
+        checked.raise_for_problems()
+
+
+def test_preflight_cli_fails_with_the_fix(tmp_path: Path) -> None:
+    recipe = tmp_path / "old.yaml"
+    recipe.write_text(HOROVOD_RECIPE + "build: {min_gcc: '99.1'}\n")
+    done = subprocess.run([HPCAI, "env", "preflight", str(recipe)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 1 and "is older than 99.1" in done.stdout and "fix: module load" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
