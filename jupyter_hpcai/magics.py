@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 from typing import Any
 
@@ -53,13 +54,17 @@ def hpc_parser() -> _Parser:
     return parser
 
 
-def run_parser(prog: str) -> _Parser:
+def run_parser(prog: str, script: bool = False) -> _Parser:
+    """Options of %%horovod_run / %%torchrun; the line forms take a script and its arguments after them."""
     parser = _Parser(prog=prog, add_help=True)
     parser.add_argument("-n", type=_positive, help="ranks (starts engines if none run)")
     parser.add_argument("--timeout", type=_seconds, help="stop the cell after this many seconds")
     parser.add_argument("--output", choices=OUTPUT_MODES, default="all")
     parser.add_argument("--push", default="", help="comma-separated notebook variables to send to every rank")
     parser.add_argument("-o", dest="var", help="store every rank's result in this variable (a list by rank)")
+    if script:
+        parser.add_argument("script", help="a Python file; its `if __name__ == '__main__'` block runs on every rank")
+        parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     return parser
 
 
@@ -102,27 +107,42 @@ class HPCMagics(Magics):  # type: ignore[misc]
 
     @line_cell_magic
     def horovod_run(self, line: str, cell: str | None = None) -> Any:
-        """%%horovod_run [-n N] [--timeout S] [--output all|rank0|collapse] [--push NAMES] [-o VAR]"""
-        return self._run("horovod", "%%horovod_run", line, cell)
+        """%%horovod_run [-n N] [--timeout S] [--output all|rank0|collapse] [--push NAMES] [-o VAR]
+        (Horovod on TensorFlow: hvd, tf, rank, size, local_rank), or %horovod_run [options] SCRIPT [ARGS...]"""
+        return self._run("horovod", "horovod_run", line, cell)
 
-    def _run(self, framework: str, prog: str, line: str, cell: str | None) -> Any:
+    @line_cell_magic
+    def torchrun(self, line: str, cell: str | None = None) -> Any:
+        """%%torchrun [options] (torch.distributed: dist, rank, world_size, local_rank, device),
+        or %torchrun [options] SCRIPT [ARGS...]"""
+        return self._run("torch", "torchrun", line, cell)
+
+    def _run(self, framework: str, name: str, line: str, cell: str | None) -> Any:
+        args = parse(run_parser(f"%{name}" if cell is None else f"%%{name}", script=cell is None), line)
         if cell is None:
-            raise HPCAIError(f"{prog} runs a cell", f"write {prog} [options] on the first line of a cell")
-        args = parse(run_parser(prog), line)
+            cell = _script_cell(args.script, args.args)
         engines = engines_api.current()
         if args.n is not None and (not engines.running or len(engines.ranks) != args.n):
             engines.start(n=args.n)
         push = {}
-        for name in filter(None, (n.strip() for n in args.push.split(","))):
-            if name not in self.shell.user_ns:
-                raise HPCAIError(f"--push {name}: no such variable in the notebook", "define it first, or fix the name")
-            push[name] = self.shell.user_ns[name]
+        for var in filter(None, (n.strip() for n in args.push.split(","))):
+            if var not in self.shell.user_ns:
+                raise HPCAIError(f"--push {var}: no such variable in the notebook", "define it first, or fix the name")
+            push[var] = self.shell.user_ns[var]
         values = engines_api.run_on_ranks(engines, cell, framework=framework, timeout=args.timeout,
                                           output=args.output, push=push)
         if args.var:
             self.shell.user_ns[args.var] = [values[r] for r in sorted(values)]
             return None
         return values[0]
+
+
+def _script_cell(script: str, args: list[str]) -> str:
+    """A cell that runs ``script`` as __main__ with ``args`` on a rank (the path must exist on every node)."""
+    path = os.path.abspath(os.path.expanduser(script))
+    if not os.path.isfile(path):
+        raise HPCAIError(f"no such script: {script}", "give the path of a Python file on a filesystem every node sees")
+    return f"import runpy, sys\nsys.argv = {[path, *args]!r}\nrunpy.run_path({path!r}, run_name='__main__')"
 
 
 def _print_ranks(ranks: list[engines_api.Rank]) -> None:

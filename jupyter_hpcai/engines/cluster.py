@@ -161,7 +161,13 @@ class Engines:
         if self.framework == name:
             return
         self.preflight(name)
-        self.view().apply_sync(rankside.init_framework, name)
+        framework = FRAMEWORKS[name]
+        params = framework.params(self)
+        try:
+            self.view().apply_sync(rankside.init_framework, name, params)
+        except ipp.error.CompositeError as err:
+            raise HPCAIError(f"initialising {name} failed on the ranks:\n{_first_lines(err)}",
+                             "fix the cause above, then %hpc restart") from None
         self.framework = name
 
     def preflight(self, framework: str) -> dict[int, dict[str, Any]]:
@@ -175,6 +181,10 @@ class Engines:
             raise HPCAIError(f"the ranks do not see the same environment:\n{rows}",
                              "make the env reachable at the same path on every node (a shared filesystem), then %hpc restart")
         return found
+
+
+def _first_lines(err: Exception, limit: int = 8) -> str:
+    return "\n".join(str(err).splitlines()[:limit])
 
 
 _current: Engines | None = None

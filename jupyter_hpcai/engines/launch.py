@@ -72,13 +72,23 @@ def plan(allocation: Allocation | None, *, n: int | None = None, nodes: int | No
     return Layout(n, nodes, per_node, launcher)
 
 
-class SrunEngineSetLauncher(MPIEngineSetLauncher):  # type: ignore[misc]
+class _EngineSet(MPIEngineSetLauncher):  # type: ignore[misc]
+    """ipyparallel's MPI engine set, without its ``--mpi`` flag: ranks come from the launcher's variables
+    (SLURM_PROCID, OMPI_COMM_WORLD_RANK), so an env needs no mpi4py, and the framework (Horovod, or
+    torch.distributed) initialises the communication itself."""
+
+    @property
+    def program(self) -> list[str]:
+        return list(self.engine_cmd)
+
+
+class SrunEngineSetLauncher(_EngineSet):
     """Engines as one ``srun --mpi=pmix`` step inside the current allocation."""
 
     mpi_cmd = List(["srun", "--mpi=pmix"], config=True)
 
 
-class MpirunEngineSetLauncher(MPIEngineSetLauncher):  # type: ignore[misc]
+class MpirunEngineSetLauncher(_EngineSet):
     """Engines through OpenMPI's mpirun (inside an allocation it finds the nodes itself)."""
 
     mpi_cmd = List(["mpirun", "--bind-to", "none"], config=True)

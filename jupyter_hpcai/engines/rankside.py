@@ -38,14 +38,21 @@ def _user_ns() -> dict[str, Any]:
     return shell.user_ns if shell is not None else sys.modules["__main__"].__dict__
 
 
-def init_framework(name: str) -> dict[str, Any]:
+def free_port() -> int:
+    """A TCP port free on this rank's node (for a rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def init_framework(name: str, params: dict[str, Any]) -> dict[str, Any]:
     """Initialise a framework once per engine and put its handles in the user namespace."""
     ns = _user_ns()
     if ns.get("_hpcai_framework") == name:
         return {"initialised": False, **ns["_hpcai_framework_info"]}
     from .frameworks import FRAMEWORKS
 
-    info = FRAMEWORKS[name].init(ns)
+    info = FRAMEWORKS[name].init(ns, params)
     ns["_hpcai_framework"], ns["_hpcai_framework_info"] = name, info
     return {"initialised": True, **info}
 
@@ -59,6 +66,8 @@ def run_cell(code: str) -> dict[str, Any]:
     sys.stdout.flush()
     sys.stderr.flush()
     error = result.error_in_exec or result.error_before_exec
+    if isinstance(error, SystemExit) and error.code in (0, None):  # a script's sys.exit(0)
+        error = None
     if error is None:
         return {"ok": True, "value": _picklable(result.result)}
     tb = error.__traceback__

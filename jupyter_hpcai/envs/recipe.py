@@ -115,13 +115,19 @@ class Recipe(_Strict):
     def digest(self) -> str:
         """A hash of everything that decides what a build holds: the recipe with its local paths resolved,
         the files of ``-r`` requirement files, and the sources of local (non-editable) packages.
-        Editable packages (``-e PATH``) are not hashed: the env follows their code as it changes."""
+        Of editable packages (``-e PATH``) only the project metadata is hashed (dependencies, entry points):
+        the env follows their code as it changes."""
         data = {**self.model_dump(mode="json"), "pip": self.pip_requirements()}
         h = hashlib.sha256(json.dumps(data, sort_keys=True).encode())
         for line in self.pip_requirements():
-            path = Path(line.removeprefix("-r ").strip())
-            if line.startswith("-r ") and path.is_file():
+            option, _, rest = line.partition(" ") if line.startswith(("-r ", "-e ")) else ("", "", line)
+            path = Path(rest.strip())
+            if option == "-r" and path.is_file():
                 h.update(path.read_bytes())
+            elif option == "-e":
+                for meta in ("pyproject.toml", "setup.cfg", "setup.py"):
+                    if (path / meta).is_file():
+                        h.update((path / meta).read_bytes())
             elif path.is_absolute() and path.is_dir():
                 for f in sorted(_source_files(path)):
                     h.update(str(f.relative_to(path)).encode())

@@ -1,0 +1,66 @@
+"""A small DDP training loop reporting images/sec; the same file runs under plain srun and %%torchrun.
+
+Plain launch: ``srun --mpi=none python -m jupyter_hpcai.bench.train_torch`` (rank, world size and the
+rendezvous come from Slurm's variables, as torchrun-style launchers set them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+
+def _init_from_slurm() -> None:
+    """Plain srun: RANK/WORLD_SIZE from Slurm; rank 0's node and a port derived from the job id."""
+    import torch.distributed as dist
+
+    from ..slurm import expand_hostlist, node_address
+
+    os.environ.setdefault("RANK", os.environ["SLURM_PROCID"])
+    os.environ.setdefault("WORLD_SIZE", os.environ["SLURM_NTASKS"])
+    os.environ.setdefault("MASTER_ADDR", node_address(expand_hostlist(os.environ["SLURM_STEP_NODELIST"])[0]))
+    os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ["SLURM_JOB_ID"]) % 20000))
+    dist.init_process_group("gloo")
+
+
+def main(argv: list[str] | None = None) -> float:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=200)
+    args = parser.parse_args(argv)
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if not dist.is_initialized():
+        _init_from_slurm()
+    torch.manual_seed(dist.get_rank())
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(
+        nn.Conv2d(3, 16, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    images, labels = torch.rand(args.batch, 3, 32, 32), torch.randint(0, 10, (args.batch,))
+
+    def step() -> None:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(images), labels).backward()
+        opt.step()
+
+    for _ in range(args.warmup):
+        step()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    rate = torch.tensor([args.batch * args.steps / (time.perf_counter() - start)])
+    dist.all_reduce(rate)
+    total = float(rate.item())
+    if dist.get_rank() == 0:
+        print(f"images/sec total {total:.1f} per rank {total / dist.get_world_size():.1f}", flush=True)
+    return total
+
+
+if __name__ == "__main__":
+    main()
