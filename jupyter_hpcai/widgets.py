@@ -1,0 +1,112 @@
+"""`ClusterPanel`: pick nodes and GPUs, start/stop/restart the engines, watch the ranks and the walltime.
+
+Controls and display only; every action is a call on the engines API, and its errors show in the panel.
+"""
+
+from __future__ import annotations
+
+import threading
+from html import escape
+
+import ipywidgets as w
+
+from . import engines as engines_api
+from .engines.cluster import Engines
+from .engines.launch import LAUNCHERS
+from .errors import HPCAIError
+from .slurm import format_duration
+
+
+class ClusterPanel(w.VBox):  # type: ignore[misc]
+    """A panel over one kernel's engines (default: this kernel's, as `%hpc` uses)."""
+
+    def __init__(self, engines: Engines | None = None, refresh_seconds: float = 30) -> None:
+        self.engines = engines or engines_api.current()
+        alloc = self.engines.allocation
+        max_nodes = len(alloc.nodes) if alloc else 1
+        per_node = (alloc.gpus_per_node or max(1, alloc.tasks // max_nodes)) if alloc else 2
+        style = {"description_width": "110px"}
+        self.nodes = w.BoundedIntText(value=max_nodes, min=1, max=max_nodes, description="Nodes", style=style)
+        self.gpus_per_node = w.BoundedIntText(value=per_node, min=1, max=per_node if alloc else 64,
+                                              description="GPUs per node", style=style)
+        usable = [name for name in LAUNCHERS if (name == "local") != (alloc is not None)]
+        self.launcher = w.Dropdown(options=usable, value=usable[0], description="Launcher", style=style)
+        self.start_button = w.Button(description="Start", button_style="success", icon="play")
+        self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop")
+        self.restart_button = w.Button(description="Restart", icon="refresh")
+        self.progress = w.IntProgress(value=0, min=0, max=1, description="Engines", style=style)
+        self.ranks = w.HTML()
+        self.walltime = w.HTML()
+        self.message = w.HTML()
+        self.start_button.on_click(lambda _: self._act(self._start))
+        self.stop_button.on_click(lambda _: self._act(self.engines.stop))
+        self.restart_button.on_click(lambda _: self._act(lambda: self.engines.restart(progress=self._progress)))
+        job = f"job {alloc.job_id} on {', '.join(alloc.nodes)}" if alloc else "no Slurm job: local engines"
+        super().__init__([
+            w.HTML(f"<b>HPC engines</b> &mdash; {escape(job)}"),
+            w.HBox([self.nodes, self.gpus_per_node, self.launcher]),
+            w.HBox([self.start_button, self.stop_button, self.restart_button]),
+            self.progress, self.ranks, self.walltime, self.message,
+        ])
+        self.refresh()
+        self._timer = _Repeat(refresh_seconds, self._show_walltime)
+        self._timer.start()
+
+    def _start(self) -> None:
+        self.engines.start(nodes=self.nodes.value, gpus_per_node=self.gpus_per_node.value,
+                           launcher=self.launcher.value, progress=self._progress)
+
+    def _progress(self, registered: int, wanted: int) -> None:
+        self.progress.max, self.progress.value = wanted, registered
+
+    def _act(self, action: object) -> None:
+        self.message.value = ""
+        for button in (self.start_button, self.stop_button, self.restart_button):
+            button.disabled = True
+        try:
+            action()  # type: ignore[operator]
+        except HPCAIError as err:
+            hint = f"<br><i>{escape(err.hint)}</i>" if err.hint else ""
+            self.message.value = f'<div class="hpcai-error" style="color:#b00020">{escape(err.message)}{hint}</div>'
+        finally:
+            for button in (self.start_button, self.stop_button, self.restart_button):
+                button.disabled = False
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Redraw the rank table and the walltime."""
+        ranks = self.engines.status()
+        if ranks:
+            rows = "".join(f"<tr><td>{r.rank}</td><td>{escape(r.host)}</td><td>{escape(r.gpu or '-')}</td>"
+                           f"<td>{'running' if r.alive else '<b>dead</b>'}</td></tr>" for r in ranks)
+            self.ranks.value = ('<table class="hpcai-ranks"><tr><th>rank</th><th>host</th><th>GPU</th><th>state</th></tr>'
+                                f"{rows}</table>")
+            self.progress.max, self.progress.value = len(ranks), sum(r.alive for r in ranks)
+        else:
+            self.ranks.value = "<i>no engines running</i>"
+            self.progress.value = 0
+        self._show_walltime()
+
+    def _show_walltime(self) -> None:
+        alloc = self.engines.allocation
+        left = alloc.seconds_left() if alloc else None
+        self.walltime.value = "" if left is None else f"Walltime left: <b>{format_duration(int(left))}</b>"
+
+    def close(self) -> None:
+        self._timer.cancel()
+        super().close()
+
+
+class _Repeat(threading.Thread):
+    """Call ``action`` every ``seconds`` until cancelled (a daemon thread)."""
+
+    def __init__(self, seconds: float, action: object) -> None:
+        super().__init__(daemon=True)
+        self.seconds, self.action, self._stop = seconds, action, threading.Event()
+
+    def run(self) -> None:
+        while not self._stop.wait(self.seconds):
+            self.action()  # type: ignore[operator]
+
+    def cancel(self) -> None:
+        self._stop.set()
