@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from .proc import run
 
@@ -162,3 +164,25 @@ def format_duration(seconds: int) -> str:
     days, rest = divmod(seconds, 86400)
     text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
     return f"{days}-{text}" if days else text
+
+
+def follow_output(job_id: int | str, log: Path, on_line: Callable[[str], None], poll: float = 0.5) -> int:
+    """Pass each new line of a job's output file to ``on_line`` until the job ends; its exit status
+    (1 for a job cancelled, timed out or lost without one)."""
+    offset, partial = 0, ""
+    while True:
+        info = job_info(job_id) or {"JobState": "COMPLETED", "ExitCode": "0:0"}
+        if log.exists():
+            with open(log, errors="replace") as out:
+                out.seek(offset)
+                chunk = out.read()
+                offset = out.tell()
+            *lines, partial = (partial + chunk).split("\n")
+            for line in lines:
+                on_line(line)
+        if info.get("JobState") in TERMINAL_STATES:
+            if partial:
+                on_line(partial)
+            code = int(info.get("ExitCode", "1:0").split(":")[0])
+            return code or (1 if info["JobState"] != "COMPLETED" else 0)
+        time.sleep(poll)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shlex
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,26 +43,9 @@ def submit(recipe: Path, env: Env, *, partition: str, gpus: int = 0, time_limit:
     return BuildJob(job, logs / f"job-{job}.out")
 
 
-def follow(job: BuildJob, on_line: Callable[[str], None], poll: float = 0.5) -> int:
-    """Pass each new line of the job's output to ``on_line`` until the job ends; its exit status."""
-    offset, partial = 0, ""
-    while True:
-        info = slurm.job_info(job.job_id) or {"JobState": "COMPLETED", "ExitCode": "0:0"}
-        if job.log.exists():
-            with open(job.log, errors="replace") as out:
-                out.seek(offset)
-                chunk = out.read()
-                offset = out.tell()
-            *lines, partial = (partial + chunk).split("\n")
-            for line in lines:
-                on_line(line)
-        if info.get("JobState") in slurm.TERMINAL_STATES:
-            if partial:
-                on_line(partial)
-            if info["JobState"] != "COMPLETED" and info.get("ExitCode", "0:0") == "0:0":
-                return 1  # cancelled, timed out, node failure
-            return int(info.get("ExitCode", "1:0").split(":")[0])
-        time.sleep(poll)
+def follow(job: BuildJob, on_line: Callable[[str], None]) -> int:
+    """Stream the build job's output to ``on_line`` until it ends; its exit status."""
+    return slurm.follow_output(job.job_id, job.log, on_line)
 
 
 def cancel(job: BuildJob) -> None:

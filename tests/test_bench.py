@@ -1,0 +1,38 @@
+"""`hpcai bench resnet50` end to end at tiny sizes (1 and 2 ranks, 2 steps): outputs parse; numbers are not asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_resnet50_tiny_end_to_end(devcluster, tf_env, tmp_path: Path, bench: list[str]) -> None:  # type: ignore[no-untyped-def]
+    results = tmp_path / "results"
+    done = subprocess.run([str(Path(sys.executable).parent / "hpcai"), "bench", "resnet50", "--env", tf_env.name,
+                           "--nodes", "2", "--gpus-per-node", "1", "--ranks", "1,2", "--batch", "2", "--steps", "2",
+                           "--warmup", "1", "--results", str(results)],
+                          capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, "HPCAI_ENV_ROOT": str(tf_env.root), "COLUMNS": "200"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    data = json.loads((results / "results.json").read_text())
+    assert sorted((r["mode"], r["ranks"]) for r in data["rows"]) == [
+        ("horovod_run", 1), ("horovod_run", 2), ("srun", 1), ("srun", 2)]
+    assert all(r["images_per_sec"] > 0 and r["efficiency"] > 0 for r in data["rows"])
+    table = (results / "results.md").read_text()
+    assert "| launch | ranks | images/sec total |" in table and table.count("\n| ") == 5
+    assert (results / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ARTIFACTS.mkdir(exist_ok=True)
+    for name in ("results.md", "scaling.png", "results.json"):
+        shutil.copy(results / name, ARTIFACTS / f"bench-{name}")
+    two = next(r for r in data["rows"] if r["mode"] == "horovod_run" and r["ranks"] == 2)
+    bench.append(f"ResNet-50 tiny (batch 2, 2 steps): %%horovod_run / srun at 2 ranks = {two['magic_over_srun']:.2f}")
