@@ -266,13 +266,57 @@ def spawner_preview(config_file: Path, profile: str | None, options: tuple[str, 
     click.echo(preview(config_file.absolute(), values, user), nl=False)
 
 
+@cli.group()
+def bench() -> None:
+    """Benchmarks: the stack's own verification."""
+
+
+@bench.command("resnet50")
+@click.option("--env", "env_name", default="tf-horovod-cpu", show_default=True, help="The env to benchmark.")
+@click.option("--partition", default=None, help="Partition [default: the cluster's default].")
+@click.option("--nodes", default=1, show_default=True)
+@click.option("--gpus-per-node", default=1, show_default=True, help="One rank per GPU (0: CPU ranks, one per task).")
+@click.option("--tasks-per-node", default=None, type=int, help="Ranks per node without GPUs [default: --gpus-per-node].")
+@click.option("--ranks", default=None, help="Rank counts, e.g. 1,2,4 [default: powers of two up to the job's GPUs].")
+@click.option("--time", "time_limit", default="01:00:00", show_default=True)
+@click.option("--results", type=click.Path(path_type=Path), default=Path("bench-results"), show_default=True)
+@click.option("--batch", default=32, show_default=True, help="Images per rank per step.")
+@click.option("--steps", default=50, show_default=True)
+@click.option("--warmup", default=10, show_default=True)
+@click.option("--mixed-precision", is_flag=True)
+@click.option("--xla", is_flag=True)
+@click.option("--data-dir", type=click.Path(exists=True, file_okay=False, path_type=Path), help="Real-data mode.")
+def bench_resnet50(env_name: str, partition: str | None, nodes: int, gpus_per_node: int, tasks_per_node: int | None,
+                   ranks: str | None, time_limit: str, results: Path, batch: int, steps: int, warmup: int,
+                   mixed_precision: bool, xla: bool, data_dir: Path | None) -> None:
+    """ResNet-50 at 1, 2, 4, ... ranks, through plain srun and %%horovod_run engines, in one Slurm job."""
+    from .bench.submit import submit_resnet50
+
+    train = ["--batch", str(batch), "--steps", str(steps), "--warmup", str(warmup)]
+    train += ["--mixed-precision"] * mixed_precision + ["--xla"] * xla
+    train += ["--data-dir", str(data_dir.absolute())] if data_dir else []
+    code = submit_resnet50(EnvStore().get(env_name), results.absolute(), train, partition=partition, nodes=nodes,
+                           gpus_per_node=gpus_per_node, tasks_per_node=tasks_per_node or max(gpus_per_node, 1),
+                           ranks=ranks, time_limit=time_limit, on_line=lambda line: console.print(line, highlight=False))
+    if code:
+        raise HPCAIError(f"the benchmark job failed (exit status {code})", "see its output above")
+
+
 @cli.command()
-def demo() -> None:
-    """The main job: bring the dev cluster up and show it."""
-    cluster = DevCluster.load()
-    with console.status("starting the dev cluster..."):
-        cluster.up()
-    _show_status(cluster)
+@click.option("--check", is_flag=True, help="Walk the whole path headless and print each step's result.")
+def demo(check: bool) -> None:
+    """The main job: dev cluster, tf-horovod-cpu env and kernel, a hub with a demo user."""
+    from .demo import DEMO_USER, check as walk, prepare
+
+    hub = prepare(lambda line: console.print(line, highlight=False))
+    console.print(f"\n[bold]JupyterHub: {hub.url}[/]  (reach it with: ssh -L 8000:127.0.0.1:{hub.port} this-host)")
+    console.print(f"[bold]login:[/] {DEMO_USER}   [bold]password:[/] {hub.password}   (hub log: {hub.log})")
+    console.print("Pick the profile '2 nodes x 2 GPUs', open examples/demo.ipynb, run the cells.")
+    if check:
+        failed = walk(hub, lambda line: console.print(line, highlight=False))
+        if failed:
+            raise HPCAIError(f"{failed} step(s) of the check failed", f"see the hub log: {hub.log}")
+        console.print("[green]the whole path works[/]")
 
 
 def main() -> None:

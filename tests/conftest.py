@@ -268,3 +268,19 @@ def job_lab(devcluster, tf_env: Env, tmp_path_factory: pytest.TempPathFactory) -
         yield lab
     finally:
         subprocess.run(["scancel", str(job)], timeout=30, check=False)
+
+
+@pytest.fixture(scope="session")
+def hub(devcluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator["Hub"]:  # type: ignore[no-untyped-def]  # noqa: F821
+    """A real JupyterHub with the demo config, spawning as the real unix user hpcai-alice."""
+    from hub_helpers import USER, Hub, ensure_user
+
+    ensure_user(USER)
+    hub = Hub(tmp_path_factory.mktemp("hub"))
+    hub.start()
+    hub.api("POST", f"/users/{USER}")  # 201, or 409 when a restarted hub already has the user
+    yield hub
+    if hub.proc and hub.proc.poll() is None and hub.server(USER) is not None:
+        hub.stop_server(USER)
+    hub.stop(proxy=True)
+    subprocess.run(["scancel", "--user", USER], timeout=30, check=False)

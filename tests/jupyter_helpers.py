@@ -9,7 +9,6 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -72,39 +71,6 @@ def _answers(server: Server) -> bool:
 
 async def execute(server: Server, kernel_id: str, code: str, timeout: float = 60) -> dict[str, Any]:
     """Run ``code`` in a server's kernel over its websocket: {"status", "stdout", "error"}."""
-    import asyncio
+    from jupyter_hpcai.demo import execute as run_code
 
-    from tornado.httpclient import HTTPRequest
-    from tornado.websocket import websocket_connect
-
-    ws_url = server.url.replace("http", "ws") + f"/api/kernels/{kernel_id}/channels"
-    conn = await websocket_connect(HTTPRequest(ws_url, headers={"Authorization": f"token {server.token}"}))
-    msg_id = uuid.uuid4().hex
-    conn.write_message(json.dumps({
-        "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "test", "session": uuid.uuid4().hex,
-                   "version": "5.3"},
-        "parent_header": {}, "metadata": {}, "channel": "shell",
-        "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False},
-    }))
-    result: dict[str, Any] = {"stdout": "", "error": None, "status": None}
-    idle = False
-
-    async def read() -> None:
-        nonlocal idle
-        while not (idle and result["status"]):
-            msg = json.loads(await conn.read_message())
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            kind = msg["header"]["msg_type"]
-            if kind == "stream":
-                result["stdout"] += msg["content"]["text"]
-            elif kind == "error":
-                result["error"] = msg["content"]["ename"]
-            elif kind == "execute_reply":
-                result["status"] = msg["content"]["status"]
-            elif kind == "status" and msg["content"]["execution_state"] == "idle":
-                idle = True
-
-    await asyncio.wait_for(read(), timeout)
-    conn.close()
-    return result
+    return await run_code(server.url, server.token, kernel_id, code, timeout)

@@ -1,0 +1,251 @@
+"""The main job: a local Slurm, the tf-horovod-cpu env and its kernel, a hub with a demo user; `--check` walks
+the whole path headless (spawn a 2-node server, run %%horovod_run training on 4 ranks, stop)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pwd
+import secrets
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import kernelspec
+from .devcluster import DevCluster
+from .envs import Builder, EnvStore, load_recipe
+from .errors import HPCAIError
+from .proc import wait_until
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_USER = "hpcai-demo"
+Say = Callable[[str], None]
+
+
+class HubProcess:
+    """JupyterHub with spawner_config/demo_config.py, as a process of its own (it outlives this command)."""
+
+    def __init__(self, state: Path, port: int, internal_port: int | None = None, proxy_api_port: int | None = None,
+                 password: str = "", token: str = "") -> None:
+        self.state, self.port = state, port
+        self.internal_port, self.proxy_api_port = internal_port or port + 1, proxy_api_port or port + 2
+        self.url = f"http://127.0.0.1:{port}"
+        self.password, self.token = password, token
+        self.log = state / "hub.log"
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "HPCAI_HUB_DIR": str(self.state), "HPCAI_HUB_PORT": str(self.port),
+                "HPCAI_HUB_INTERNAL_PORT": str(self.internal_port), "HPCAI_PROXY_API_PORT": str(self.proxy_api_port),
+                "HPCAI_HUB_API_TOKEN": self.token, "HPCAI_DEMO_PASSWORD": self.password}
+
+    def start(self) -> subprocess.Popen[bytes]:
+        self.state.mkdir(parents=True, exist_ok=True)
+        self.state.chmod(0o700)
+        with open(self.log, "a") as out:
+            proc = subprocess.Popen([str(Path(sys.executable).parent / "jupyterhub"), "-f",
+                                     str(REPO / "spawner_config" / "demo_config.py")], cwd=self.state, env=self.env(),
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        (self.state / "hub.pid").write_text(str(proc.pid))
+        wait_until(lambda: self.answers() or proc.poll() is not None, timeout=120, what="the hub to answer")
+        if proc.poll() is not None:
+            raise HPCAIError(f"the hub exited at start:\n{self.log.read_text()[-2000:]}", f"see {self.log}")
+        return proc
+
+    def stop(self) -> None:
+        for name in ("hub.pid", "proxy.pid"):
+            try:
+                os.kill(int((self.state / name).read_text()), signal.SIGTERM)
+            except (OSError, ValueError):
+                pass
+
+    def answers(self) -> bool:
+        try:
+            return self.api("GET", "/")[0] == 200
+        except OSError:
+            return False
+
+    def api(self, method: str, path: str, body: Any = None, token: str | None = None) -> tuple[int, Any]:
+        req = urllib.request.Request(f"{self.url}/hub/api{path}", method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Authorization": f"token {token or self.token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                raw = resp.read()
+                return resp.status, json.loads(raw) if raw else None
+        except urllib.error.HTTPError as err:
+            raw = err.read()
+            try:
+                return err.code, json.loads(raw)
+            except ValueError:
+                return err.code, {"message": raw.decode(errors="replace")}
+
+    def server(self, user: str) -> dict[str, Any] | None:
+        return self.api("GET", f"/users/{user}")[1]["servers"].get("")
+
+    def wait_ready(self, user: str, timeout: float = 300) -> dict[str, Any]:
+        def ready() -> dict[str, Any] | None:
+            server = self.server(user)
+            if server is None:
+                raise HPCAIError(f"the server of {user} stopped", f"see {self.log}")
+            return server if server["ready"] else None
+
+        return wait_until(ready, timeout=timeout, what=f"{user}'s server to be ready")
+
+    def stop_server(self, user: str) -> None:
+        self.api("DELETE", f"/users/{user}/server")
+        wait_until(lambda: self.server(user) is None, timeout=120, what=f"{user}'s server to stop")
+
+    def user_token(self, user: str) -> str:
+        status, body = self.api("POST", f"/users/{user}/tokens", {"note": "hpcai", "expires_in": 3600})
+        if status != 201:
+            raise HPCAIError(f"could not create a token for {user}: {body}")
+        return str(body["token"])
+
+
+async def execute(base_url: str, token: str, kernel_id: str, code: str, timeout: float = 60) -> dict[str, Any]:
+    """Run ``code`` in a Jupyter server's kernel over its websocket: {"status", "stdout", "error"}."""
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    ws_url = base_url.replace("http", "ws", 1) + f"/api/kernels/{kernel_id}/channels"
+    conn = await websocket_connect(HTTPRequest(ws_url, headers={"Authorization": f"token {token}"}))
+    msg_id = uuid.uuid4().hex
+    conn.write_message(json.dumps({
+        "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "hpcai", "session": uuid.uuid4().hex,
+                   "version": "5.3"},
+        "parent_header": {}, "metadata": {}, "channel": "shell",
+        "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False},
+    }))
+    result: dict[str, Any] = {"stdout": "", "error": None, "status": None}
+    idle = False
+
+    async def read() -> None:
+        nonlocal idle
+        while not (idle and result["status"]):
+            msg = json.loads(await conn.read_message())
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind, content = msg["header"]["msg_type"], msg["content"]
+            if kind == "stream":
+                result["stdout"] += content["text"]
+            elif kind == "error":
+                result["error"] = f"{content['ename']}: {content['evalue']}"
+            elif kind == "execute_reply":
+                result["status"] = content["status"]
+            elif kind == "status" and content["execution_state"] == "idle":
+                idle = True
+
+    try:
+        await asyncio.wait_for(read(), timeout)
+    finally:
+        conn.close()
+    return result
+
+
+def ensure_user(name: str) -> None:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True, timeout=60)
+
+
+def prepare(say: Say) -> HubProcess:
+    """Dev cluster up, env built (or reused) with its kernel, demo user, hub running."""
+    cluster = DevCluster()
+    cluster.up()
+    os.environ.update(cluster.variables())
+    say(f"dev cluster up: {', '.join(n for n in cluster.node_names)} ({cluster.gpus_per_node} fake GPUs each)")
+    root = Path(os.environ.setdefault("HPCAI_ENV_ROOT", "/opt/hpcai/envs"))
+    result = Builder(load_recipe(REPO / "recipes" / "tf-horovod-cpu.yaml"), store=EnvStore(root),
+                     progress=lambda phase, msg: say(f"  env {phase}: {msg}") if msg.startswith("done") else None).run()
+    say(f"env tf-horovod-cpu {'reused' if result.up_to_date else 'built'}: {result.build.prefix}")
+    spec = kernelspec.install(result.env, prefix=sys.prefix, display_name="Python (tf-horovod-cpu)")
+    say(f"kernel installed: {spec}")
+    ensure_user(DEMO_USER)
+    state = Path(os.environ.get("HPCAI_HUB_DIR", "/var/lib/hpcai/hub"))
+    hub = HubProcess(state, int(os.environ.get("HPCAI_HUB_PORT", "8000")), password=_secret(state, "password"),
+                     token=_secret(state, "api_token"))
+    if not hub.answers():
+        hub.start()
+    hub.api("POST", f"/users/{DEMO_USER}")
+    return hub
+
+
+def _secret(state: Path, name: str) -> str:
+    state.mkdir(parents=True, exist_ok=True)
+    path = state / name
+    if not path.exists():
+        path.write_text(secrets.token_hex(12))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+CHECK_CELLS = [
+    ("load the extension", "%load_ext jupyter_hpcai"),
+    ("start 4 engines on 2 nodes", "%hpc start"),
+    ("train a small Keras model on 4 ranks", """%%horovod_run --output rank0
+import time, numpy as np, tensorflow as tf
+import horovod.tensorflow.keras as hvd_keras
+x = np.random.rand(512, 32).astype("float32"); y = (x.sum(1) > 16).astype("int64")
+model = tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(64, activation="relu"),
+                             tf.keras.layers.Dense(2)])
+model.compile(optimizer=hvd_keras.DistributedOptimizer(tf.keras.optimizers.Adam(0.001 * size)),
+              loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+start = time.perf_counter()
+history = model.fit(x, y, batch_size=32, epochs=3, verbose=0,
+                    callbacks=[hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0)])
+rate = 3 * len(x) / (time.perf_counter() - start)
+total = float(hvd.allreduce(tf.constant(rate), op=hvd.Sum))
+print(f"loss {history.history['loss'][-1]:.4f}, {total:.0f} samples/sec on {size} ranks")
+"""),
+    ("stop the engines", "%hpc stop"),
+]
+
+
+def check(hub: HubProcess, say: Say) -> int:
+    """Walk the path headless; print each step's result; return the number of failed steps."""
+    failures = 0
+
+    def step(name: str, ok: bool, detail: str = "") -> None:
+        nonlocal failures
+        failures += not ok
+        say(f"[{'ok' if ok else 'FAILED'}] {name}" + (f": {detail}" if detail else ""))
+
+    status, body = hub.api("POST", f"/users/{DEMO_USER}/server", {"profile": "2 nodes x 2 GPUs", "nodes": 2,
+                                                                   "gpus_per_node": 2})
+    step("spawn a 2-node server through the REST API", status in (201, 202), "" if status in (201, 202) else str(body))
+    if status not in (201, 202):
+        return failures
+    try:
+        hub.wait_ready(DEMO_USER)
+        step("server ready", True, "a Slurm job on n1 and n2")
+        base, token = f"{hub.url}/user/{DEMO_USER}", hub.user_token(DEMO_USER)
+        kernel = _request(base, token, "POST", "/api/kernels", {"name": "hpcai-tf-horovod-cpu"})
+        step("open a kernel from the tf-horovod-cpu env", "id" in kernel, kernel.get("message", ""))
+        for name, code in CHECK_CELLS:
+            result = asyncio.run(execute(base, token, kernel["id"], code, timeout=600))
+            out = result["stdout"].strip().splitlines()
+            step(name, result["status"] == "ok", (out[-1] if out else "") if result["status"] == "ok" else str(result["error"]))
+        _request(base, token, "DELETE", f"/api/kernels/{kernel['id']}")
+    finally:
+        hub.stop_server(DEMO_USER)
+        step("stop the server (the job is gone)", True)
+    return failures
+
+
+def _request(base: str, token: str, method: str, path: str, body: Any = None) -> dict[str, Any]:
+    req = urllib.request.Request(f"{base}{path}", method=method, data=json.dumps(body).encode() if body else None,
+                                 headers={"Authorization": f"token {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            raw = resp.read()
+            return json.loads(raw) if raw else {}
+    except urllib.error.HTTPError as err:
+        return {"message": err.read().decode(errors="replace"), "status": err.code}
