@@ -308,12 +308,13 @@ def demo(check: bool) -> None:
     """The main job: dev cluster, tf-horovod-cpu env and kernel, a hub with a demo user."""
     from .demo import DEMO_USER, check as walk, prepare
 
-    hub = prepare(lambda line: console.print(line, highlight=False))
+    say = lambda line: console.print(line, highlight=False, markup=False)  # noqa: E731
+    hub = prepare(say)
     console.print(f"\n[bold]JupyterHub: {hub.url}[/]  (reach it with: ssh -L 8000:127.0.0.1:{hub.port} this-host)")
     console.print(f"[bold]login:[/] {DEMO_USER}   [bold]password:[/] {hub.password}   (hub log: {hub.log})")
     console.print("Pick the profile '2 nodes x 2 GPUs', open examples/demo.ipynb, run the cells.")
     if check:
-        failed = walk(hub, lambda line: console.print(line, highlight=False))
+        failed = walk(hub, say)
         if failed:
             raise HPCAIError(f"{failed} step(s) of the check failed", f"see the hub log: {hub.log}")
         console.print("[green]the whole path works[/]")

@@ -229,6 +229,8 @@ def check(hub: HubProcess, say: Say) -> int:
         base, token = f"{hub.url}/user/{DEMO_USER}", hub.user_token(DEMO_USER)
         kernel = _request(base, token, "POST", "/api/kernels", {"name": "hpcai-tf-horovod-cpu"})
         step("open a kernel from the tf-horovod-cpu env", "id" in kernel, kernel.get("message", ""))
+        if "id" not in kernel:
+            return failures
         for name, code in CHECK_CELLS:
             result = asyncio.run(execute(base, token, kernel["id"], code, timeout=600))
             out = result["stdout"].strip().splitlines()

@@ -45,6 +45,7 @@ def install(env: Env, *, display_name: str | None = None, user: bool = False, pr
         raise HPCAIError(f"env '{env.name}' has no ipykernel, so it cannot run a kernel",
                          "add `ipykernel` to the recipe's pip list and rebuild")
     with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp).chmod(0o755)  # copied as is: a system-wide kernelspec must be readable by every user
         (Path(tmp) / "kernel.json").write_text(json.dumps(render(env, display_name), indent=2) + "\n")
         dest = KernelSpecManager().install_kernel_spec(tmp, kernel_name(env), user=user, prefix=prefix)
     return Path(dest)

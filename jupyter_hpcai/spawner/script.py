@@ -18,6 +18,9 @@ TEMPLATE = """#!/bin/bash
 {gpus}#SBATCH --time={walltime}
 {account}{extra}
 set -euo pipefail
+# --export above limits what reaches the job; steps started inside it (srun, the engines) must get the
+# whole environment of the process that starts them again.
+unset SLURM_EXPORT_ENV
 # One Jupyter server, on the first node of the job; every node and GPU stays free for the
 # engines (%hpc start). The server's environment carries the whole allocation (SLURM_*).
 export HPCAI_ENV={environment}
