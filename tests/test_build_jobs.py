@@ -17,7 +17,7 @@ from jupyter_hpcai.envs.check import check
 from jupyter_hpcai.envs.preflight import preflight
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
-from test_envs import BLOCKING_BACKEND
+from test_envs import blocking_recipe
 
 HPCAI = str(Path(sys.executable).parent / "hpcai")
 
@@ -48,13 +48,7 @@ def test_cancelling_a_build_job_keeps_the_old_env(devcluster, small_recipe: Path
     assert proc.wait(timeout=300) == 0
     env = env_store.env("cancelled")
     before = env.current()
-    project = tmp_path / "blocker"
-    project.mkdir()
-    (project / "pyproject.toml").write_text('[build-system]\nrequires = []\nbuild-backend = "backend"\n'
-                                            'backend-path = ["."]\n[project]\nname = "blocker"\nversion = "1"\n')
-    (project / "backend.py").write_text(BLOCKING_BACKEND)
-    recipe = tmp_path / "blocking.yaml"
-    recipe.write_text(small_recipe.read_text().replace("pip: [six==1.16.0]", f"pip: [six==1.16.0, {project}]"))
+    recipe = blocking_recipe(small_recipe, tmp_path)
     started = tmp_path / "started"
     proc = subprocess.Popen([HPCAI, "env", "build", str(recipe), "--name", "cancelled", "--on-partition", "gpu"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

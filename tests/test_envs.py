@@ -123,13 +123,8 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 '''
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "killed"])
-def test_interrupted_build_keeps_the_previous_env(small_env: Env, small_recipe: Path, env_store: EnvStore,
-                                                  tmp_path: Path, sig: signal.Signals) -> None:
-    name = f"interrupt-{sig.name.lower()}"
-    Builder(load_recipe(small_recipe), store=env_store, name=name).run()
-    env = env_store.env(name)
-    before = env.current()
+def blocking_recipe(small_recipe: Path, tmp_path: Path) -> Path:
+    """The small recipe plus a local package whose build blocks (after touching $HPCAI_TEST_STARTED)."""
     project = tmp_path / "blocker"
     project.mkdir()
     (project / "pyproject.toml").write_text('[build-system]\nrequires = []\nbuild-backend = "backend"\n'
@@ -137,6 +132,17 @@ def test_interrupted_build_keeps_the_previous_env(small_env: Env, small_recipe: 
     (project / "backend.py").write_text(BLOCKING_BACKEND)
     recipe = tmp_path / "blocking.yaml"
     recipe.write_text(small_recipe.read_text().replace("pip: [six==1.16.0]", f"pip: [six==1.16.0, {project}]"))
+    return recipe
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "killed"])
+def test_interrupted_build_keeps_the_previous_env(small_env: Env, small_recipe: Path, env_store: EnvStore,
+                                                  tmp_path: Path, sig: signal.Signals) -> None:
+    name = f"interrupt-{sig.name.lower()}"
+    Builder(load_recipe(small_recipe), store=env_store, name=name).run()
+    env = env_store.env(name)
+    before = env.current()
+    recipe = blocking_recipe(small_recipe, tmp_path)
     started = tmp_path / "started"
     build = subprocess.Popen([HPCAI, "env", "build", str(recipe), "--name", name], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, start_new_session=True,

@@ -130,6 +130,16 @@ class Engines:
     def dead(self) -> list[Rank]:
         return [r for r in self.status() if not r.alive]
 
+    def controller_alive(self) -> bool:
+        """True while the controller process (it runs beside the kernel) is there."""
+        controller = self.cluster.controller if self.cluster else None
+        if not (controller and controller.state == "running"):
+            return False
+        try:
+            return controller.process.status() != "zombie" and controller.poll() is None
+        except Exception:  # psutil.NoSuchProcess: already reaped
+            return False
+
     def stop(self) -> None:
         """Stop the engines and the controller. Harmless when nothing runs."""
         client, cluster = self.client, self.cluster

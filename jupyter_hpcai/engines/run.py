@@ -110,6 +110,10 @@ def run_on_ranks(engines: Engines, code: str, *, framework: str = "horovod", tim
         while not all(ar.ready() for ar in ars.values()):
             next(ar for ar in ars.values() if not ar.ready()).wait(0.1)
             streamer.feed(_texts(ars))
+            if not engines.controller_alive():
+                engines.stop()
+                raise RankFailure("the ipyparallel controller died, so the ranks can no longer be reached; they were "
+                                  "stopped and the notebook kernel is fine", "bring the world back with %hpc restart")
             dead = engines.dead()
             if dead:
                 streamer.feed(_texts(ars), final=True)

@@ -226,9 +226,13 @@ class Builder:
                 "pip": pip.lock_lines(dists),
                 "no_build_isolation": [requirement_name(n) for n in recipe.no_build_isolation],
             }
-            build.meta.mkdir(exist_ok=True)
-            (build.meta / "lock.json").write_text(json.dumps(lock, indent=2) + "\n")
-            (build.meta / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+            try:
+                build.meta.mkdir(exist_ok=True)
+                (build.meta / "lock.json").write_text(json.dumps(lock, indent=2) + "\n")
+                (build.meta / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+            except OSError as err:
+                raise HPCAIError(f"cannot write the manifest of build {build.id}: {err}",
+                                 "make the env folder writable (a full disk? a read-only mount?) and build again") from None
         for line in conflicts:
             self.progress("pip", f"warning: {line}")
         return conflicts

@@ -1,0 +1,84 @@
+"""Faults and security on a real allocation: a killed controller, a read-only manifest, private connection
+files, the controller's bind address. Each fault is survived: nothing is lost and the user is told."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import JobKernel, kernel_in_job
+from jupyter_hpcai.envs import Builder, EnvStore, load_recipe
+from jupyter_hpcai.errors import HPCAIError
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def world(devcluster, tf_env, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    with kernel_in_job(tf_env, tmp_path_factory.mktemp("faults-kernel"), ("-N2", "--ntasks-per-node=1",
+                                                                           "--gpus-per-node=1")) as kernel:
+        assert kernel.run("%load_ext jupyter_hpcai").status == "ok"
+        assert kernel.run("%hpc start").status == "ok"
+        yield kernel
+
+
+def test_connection_files_are_private_and_controller_binds_the_node_address(world: JobKernel) -> None:
+    info = json.loads(world.run("import json, jupyter_hpcai.engines as E; c = E.current().cluster\n"
+                                "print(json.dumps({'dir': c.profile_dir, 'id': c.cluster_id, "
+                                "'pid': c.controller.process.pid}))").stdout)
+    security = Path(info["dir"]) / "security"
+    assert stat.S_IMODE(security.stat().st_mode) == 0o700  # nobody else may even list it
+    files = [f for f in security.iterdir() if f.name.startswith(f"ipcontroller-{info['id']}")]  # the keys
+    assert len(files) == 2 and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
+    listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=30).stdout
+    ours = [ln.split()[3] for ln in listening.splitlines() if f"pid={info['pid']}," in ln]
+    assert ours and all(addr.startswith("127.0.0.1:") for addr in ours), ours  # NodeAddr of n1, never 0.0.0.0
+    # another unix user cannot read the keys that let a client drive these engines
+    reader = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "cat", str(files[0])],
+                            capture_output=True, text=True, timeout=30)
+    assert reader.returncode != 0 and "Permission denied" in reader.stderr
+
+
+def test_killed_controller_is_reported_and_restart_recovers(world: JobKernel) -> None:
+    pid = int(world.run("import jupyter_hpcai.engines as E; E.current().cluster.controller.process.pid").result or 0)
+    world.client.execute("%%horovod_run\nimport time\ntime.sleep(120)")
+    os.kill(pid, signal.SIGKILL)
+    reply = world.client.get_shell_msg(timeout=120)
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "RankFailure"
+    assert "controller died" in reply["content"]["evalue"] and "%hpc restart" in reply["content"]["evalue"]
+    assert world.run("6 * 7").result == "42", "the notebook kernel lives on"
+    assert world.run("%hpc restart").status == "ok"
+    cell = world.run("%%horovod_run\nhvd.size()")
+    assert cell.status == "ok" and cell.result == "2"
+
+
+def test_unwritable_manifest_fails_the_build_and_keeps_the_env(small_recipe: Path, env_store: EnvStore) -> None:
+    """The manifest is written last, before `current` moves: if it cannot be written, nothing changes."""
+    name = "readonly"
+    Builder(load_recipe(small_recipe), store=env_store, name=name).run()
+    env = env_store.env(name)
+    before = env.current()
+    builds = env.dir / "builds"
+    changed = small_recipe.parent / "readonly.yaml"
+    changed.write_text(small_recipe.read_text().replace("six==1.16.0", "six==1.17.0"))
+
+    def block_meta(phase: str, message: str) -> None:
+        """Once verify passed, put a file where the new build's .hpcai/ folder goes (root ignores read-only modes)."""
+        if phase == "verify" and message.startswith("done"):
+            for build in builds.iterdir():
+                if build.name != before.id:  # type: ignore[union-attr]
+                    shutil.rmtree(build / ".hpcai", ignore_errors=True)
+                    (build / ".hpcai").write_text("in the way")
+
+    with pytest.raises(HPCAIError) as err:
+        Builder(load_recipe(changed), store=env_store, name=name, progress=block_meta).run()
+    assert "cannot write the manifest" in err.value.message
+    assert "is still current" in err.value.hint and "full log" in err.value.hint
+    assert env.current() == before and before.manifest()["pip"] == [{"name": "six", "version": "1.16.0"}]  # type: ignore[union-attr,index]
