@@ -273,6 +273,8 @@ def bench() -> None:
 
 @bench.command("resnet50")
 @click.option("--env", "env_name", default="tf-horovod-cpu", show_default=True, help="The env to benchmark.")
+@click.option("--framework", type=click.Choice(["horovod", "torch"]), default="horovod", show_default=True,
+              help="Horovod on TensorFlow (%%horovod_run), or torch.distributed DDP (%%torchrun).")
 @click.option("--partition", default=None, help="Partition [default: the cluster's default].")
 @click.option("--nodes", default=1, show_default=True)
 @click.option("--gpus-per-node", default=1, show_default=True, help="One rank per GPU (0: CPU ranks, one per task).")
@@ -285,21 +287,42 @@ def bench() -> None:
 @click.option("--warmup", default=10, show_default=True)
 @click.option("--mixed-precision", is_flag=True)
 @click.option("--xla", is_flag=True)
+@click.option("--image-size", default=224, show_default=True, help="Square image size in pixels.")
 @click.option("--data-dir", type=click.Path(exists=True, file_okay=False, path_type=Path), help="Real-data mode.")
-def bench_resnet50(env_name: str, partition: str | None, nodes: int, gpus_per_node: int, tasks_per_node: int | None,
+def bench_resnet50(env_name: str, framework: str, partition: str | None, nodes: int, gpus_per_node: int, tasks_per_node: int | None,
                    ranks: str | None, time_limit: str, results: Path, batch: int, steps: int, warmup: int,
-                   mixed_precision: bool, xla: bool, data_dir: Path | None) -> None:
+                   mixed_precision: bool, xla: bool, image_size: int, data_dir: Path | None) -> None:
     """ResNet-50 at 1, 2, 4, ... ranks, through plain srun and %%horovod_run engines, in one Slurm job."""
     from .bench.submit import submit_resnet50
 
-    train = ["--batch", str(batch), "--steps", str(steps), "--warmup", str(warmup)]
+    train = ["--batch", str(batch), "--steps", str(steps), "--warmup", str(warmup), "--image-size", str(image_size)]
     train += ["--mixed-precision"] * mixed_precision + ["--xla"] * xla
     train += ["--data-dir", str(data_dir.absolute())] if data_dir else []
     code = submit_resnet50(EnvStore().get(env_name), results.absolute(), train, partition=partition, nodes=nodes,
                            gpus_per_node=gpus_per_node, tasks_per_node=tasks_per_node or max(gpus_per_node, 1),
-                           ranks=ranks, time_limit=time_limit, on_line=lambda line: console.print(line, highlight=False))
+                           ranks=ranks, time_limit=time_limit, framework=framework,
+                           on_line=lambda line: console.print(line, highlight=False, markup=False))
     if code:
         raise HPCAIError(f"the benchmark job failed (exit status {code})", "see its output above")
+
+
+@bench.command("overhead")
+@click.option("--env", "env_name", default="tf-horovod-cpu", show_default=True)
+@click.option("--partition", default=None)
+@click.option("--nodes", default=2, show_default=True)
+@click.option("--gpus-per-node", default=2, show_default=True)
+@click.option("--time", "time_limit", default="00:30:00", show_default=True)
+@click.option("--results", type=click.Path(path_type=Path), default=Path("bench-results"), show_default=True)
+def bench_overhead(env_name: str, partition: str | None, nodes: int, gpus_per_node: int, time_limit: str,
+                   results: Path) -> None:
+    """Each layer's cost against its baseline: kernel start, dispatch latency, engine start."""
+    from .bench.submit import submit_overhead
+
+    code = submit_overhead(EnvStore().get(env_name), results.absolute(), partition=partition, nodes=nodes,
+                           gpus_per_node=gpus_per_node, time_limit=time_limit,
+                           on_line=lambda line: console.print(line, highlight=False, markup=False))
+    if code:
+        raise HPCAIError(f"the overhead job failed (exit status {code})", "see its output above")
 
 
 @cli.command()

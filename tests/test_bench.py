@@ -36,3 +36,38 @@ def test_resnet50_tiny_end_to_end(devcluster, tf_env, tmp_path: Path, bench: lis
         shutil.copy(results / name, ARTIFACTS / f"bench-{name}")
     two = next(r for r in data["rows"] if r["mode"] == "horovod_run" and r["ranks"] == 2)
     bench.append(f"ResNet-50 tiny (batch 2, 2 steps): %%horovod_run / srun at 2 ranks = {two['magic_over_srun']:.2f}")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_resnet50_torch_backend_tiny(devcluster, torch_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    results = tmp_path / "results"
+    done = subprocess.run([str(Path(sys.executable).parent / "hpcai"), "bench", "resnet50", "--env", torch_env.name,
+                           "--framework", "torch", "--nodes", "2", "--gpus-per-node", "1", "--ranks", "1,2",
+                           "--batch", "2", "--steps", "2", "--warmup", "1", "--image-size", "64",
+                           "--results", str(results)],
+                          capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, "HPCAI_ENV_ROOT": str(torch_env.root), "COLUMNS": "200"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    data = json.loads((results / "results.json").read_text())
+    assert sorted((r["mode"], r["ranks"]) for r in data["rows"]) == [("srun", 1), ("srun", 2), ("torchrun", 1),
+                                                                      ("torchrun", 2)]
+    assert {r["parameters"] for r in data["rows"]} == {25_557_032}  # ResNet-50's parameter count
+    assert "| torchrun | 2 |" in (results / "results.md").read_text()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_overhead_ratios_in_one_job(devcluster, tf_env, tmp_path: Path, bench: list[str]) -> None:  # type: ignore[no-untyped-def]
+    results = tmp_path / "overhead"
+    done = subprocess.run([str(Path(sys.executable).parent / "hpcai"), "bench", "overhead", "--env", tf_env.name,
+                           "--nodes", "2", "--gpus-per-node", "1", "--results", str(results)],
+                          capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, "HPCAI_ENV_ROOT": str(tf_env.root), "COLUMNS": "200"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    found = json.loads((results / "overhead.json").read_text())
+    assert found["ranks"] == 2 and all(v > 0 for v in found.values())
+    table = (results / "overhead.md").read_text()
+    assert table.count("\n") == 5 and "provisioner / plain ipykernel" in table
+    bench.append("bench overhead: " + " ; ".join(
+        f"{line.split('|')[1].strip()} = {line.split('|')[4].strip()}" for line in table.splitlines()[2:]))

@@ -44,43 +44,54 @@ def _parse(output: str) -> dict[str, Any]:
     return json.loads(match.group(1))
 
 
-def measure(allocation: Allocation, counts: list[int], train_args: list[str], out: Any = print) -> list[dict[str, Any]]:
-    """For each rank count: plain `srun --mpi=pmix` first (no engines alive), then `%%horovod_run` engines."""
+# framework -> (training module, how plain srun launches it, the magic's framework and its mode label)
+FRAMEWORKS = {
+    "horovod": ("jupyter_hpcai.bench.resnet50_train", "--mpi=pmix", "horovod", "horovod_run"),
+    "torch": ("jupyter_hpcai.bench.resnet50_torch", "--mpi=none", "torch", "torchrun"),
+}
+
+
+def measure(allocation: Allocation, counts: list[int], train_args: list[str], framework: str = "horovod",
+            out: Any = print) -> list[dict[str, Any]]:
+    """For each rank count: plain srun first (no engines alive), then the same script through the engines."""
+    module, mpi, backend, label = FRAMEWORKS[framework]
     rows = []
     for n in counts:
         layout = plan(allocation, n=n)
-        srun = ["srun", "--mpi=pmix", "--overlap", f"-n{n}", f"--nodes={layout.nodes}",
-                f"--ntasks-per-node={layout.per_node}", sys.executable, "-m", "jupyter_hpcai.bench.resnet50_train"]
-        env = {**os.environ, "TF_NUM_INTRAOP_THREADS": os.environ.get("TF_NUM_INTRAOP_THREADS", "1")}
+        srun = ["srun", mpi, "--overlap", f"-n{n}", f"--nodes={layout.nodes}", f"--ntasks-per-node={layout.per_node}",
+                sys.executable, "-m", module]
+        env = {**os.environ, "TF_NUM_INTRAOP_THREADS": os.environ.get("TF_NUM_INTRAOP_THREADS", "1"),
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         start = time.monotonic()
         plain = _parse(run([*srun, *train_args], env=env, timeout=3600).stdout)
         out(f"{n} ranks, srun: {plain['images_per_sec']:.2f} img/s ({time.monotonic() - start:.0f} s)")
         engines = Engines(allocation)
         try:
             engines.start(n=n)
-            code = f"from jupyter_hpcai.bench.resnet50_train import main\nmain({train_args!r})"
-            magic = run_on_ranks(engines, code, output="rank0", write=lambda text: None)[0]
+            code = f"from {module} import main\nmain({train_args!r})"
+            magic = run_on_ranks(engines, code, framework=backend, output="rank0", write=lambda text: None)[0]
         finally:
             engines.stop()
-        out(f"{n} ranks, %%horovod_run: {magic['images_per_sec']:.2f} img/s")
-        rows += [{"mode": "srun", **plain}, {"mode": "horovod_run", **magic}]
+        out(f"{n} ranks, %%{label}: {magic['images_per_sec']:.2f} img/s")
+        rows += [{"mode": "srun", **plain}, {"mode": label, **magic}]
     return rows
 
 
 def report(rows: list[dict[str, Any]], results: Path, machine: str, settings: dict[str, Any]) -> dict[str, Path]:
     """Write results.json, results.md and scaling.png; return their paths."""
     results.mkdir(parents=True, exist_ok=True)
-    base = {m: next((r["images_per_sec"] for r in rows if r["mode"] == m and r["ranks"] == 1), None)
-            for m in ("srun", "horovod_run")}
+    modes = sorted({r["mode"] for r in rows})
+    base = {m: next((r["images_per_sec"] for r in rows if r["mode"] == m and r["ranks"] == 1), None) for m in modes}
     srun_by_n = {r["ranks"]: r["images_per_sec"] for r in rows if r["mode"] == "srun"}
     for r in rows:
         one = base[r["mode"]]
         r["efficiency"] = r["images_per_sec"] / (one * r["ranks"]) if one else None
-        if r["mode"] == "horovod_run":
+        if r["mode"] != "srun":
             r["magic_over_srun"] = r["images_per_sec"] / srun_by_n[r["ranks"]]
     (results / "results.json").write_text(json.dumps({"machine": machine, "settings": settings, "rows": rows}, indent=2))
-    lines = [f"ResNet-50, synthetic data, batch {settings['batch']} per rank, {settings['steps']} timed steps; {machine}", "",
-             "| launch | ranks | images/sec total | per rank | scaling efficiency | %%horovod_run / srun |",
+    lines = [f"ResNet-50 ({settings.get('framework', 'horovod')}), synthetic data, batch {settings['batch']} per rank, "
+             f"{settings['steps']} timed steps, {settings.get('image_size', 224)} px; {machine}", "",
+             "| launch | ranks | images/sec total | per rank | scaling efficiency | magic / srun |",
              "|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["mode"] != "srun", r["ranks"])):
         eff = f"{r['efficiency']:.2f}" if r["efficiency"] is not None else "-"
@@ -98,7 +109,7 @@ def _plot(rows: list[dict[str, Any]], path: Path, machine: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for mode, marker in (("srun", "o"), ("horovod_run", "s")):
+    for mode, marker in zip(sorted({r["mode"] for r in rows}), "osd"):
         points = sorted((r["ranks"], r["images_per_sec"]) for r in rows if r["mode"] == mode)
         ax.plot(*zip(*points), marker=marker, label=f"{mode}")
     one = next((r["images_per_sec"] for r in rows if r["mode"] == "srun" and r["ranks"] == 1), None)
@@ -121,12 +132,15 @@ def machine_description() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Inside a job: ``python -m jupyter_hpcai.bench.resnet50 RESULTS [--ranks 1,2] -- TRAIN_ARGS``."""
+    """Inside a job: ``python -m jupyter_hpcai.bench.resnet50 RESULTS [--framework F] [--ranks 1,2] -- TRAIN_ARGS``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     results = Path(argv.pop(0))
-    ranks = None
-    if argv and argv[0] == "--ranks":
-        ranks = [int(n) for n in argv[1].split(",")]
+    ranks, framework = None, "horovod"
+    while argv and argv[0] in ("--ranks", "--framework"):
+        if argv[0] == "--ranks":
+            ranks = [int(n) for n in argv[1].split(",")]
+        else:
+            framework = argv[1]
         argv = argv[2:]
     train_args = argv[1:] if argv and argv[0] == "--" else argv
     allocation = Allocation.current()
@@ -134,8 +148,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("run this inside a Slurm job (hpcai bench resnet50 submits one)")
     from .resnet50_train import parse
 
-    rows = measure(allocation, rank_counts(allocation, ranks), train_args)
-    raw = {"machine": machine_description(), "settings": vars(parse(train_args)), "rows": rows}
+    rows = measure(allocation, rank_counts(allocation, ranks), train_args, framework)
+    raw = {"machine": machine_description(), "settings": {**vars(parse(train_args)), "framework": framework},
+           "rows": rows}
     (results / "rows.json").write_text(json.dumps(raw, indent=2))
 
 
