@@ -137,6 +137,8 @@ def run_on_ranks(engines: Engines, code: str, *, framework: str = "horovod", tim
             ar.wait(10)
         streamer.feed(_texts(ars), final=True)
         raise
+    for ar in ars.values():  # a result can arrive before the last of its rank's output does
+        ar.wait_for_output(10)
     streamer.feed(_texts(ars), final=True)
     outcomes = {rank: ar.get() for rank, ar in ars.items()}
     failed = {rank: o for rank, o in outcomes.items() if not o["ok"]}
