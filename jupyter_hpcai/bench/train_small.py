@@ -10,12 +10,17 @@ import os
 import time
 
 
-def main(argv: list[str] | None = None) -> float:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """--batch, --warmup and --steps: the options of both small training scripts."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--steps", type=int, default=200)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> float:
+    args = parse_args(argv)
 
     import horovod.tensorflow as hvd
     import tensorflow as tf

@@ -6,9 +6,10 @@ rendezvous come from Slurm's variables, as torchrun-style launchers set them).
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
+
+from .train_small import parse_args
 
 
 def _init_from_slurm() -> None:
@@ -25,11 +26,7 @@ def _init_from_slurm() -> None:
 
 
 def main(argv: list[str] | None = None) -> float:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--steps", type=int, default=200)
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
 
     import torch
     import torch.distributed as dist
