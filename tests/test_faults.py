@@ -59,6 +59,32 @@ def test_killed_controller_is_reported_and_restart_recovers(world: JobKernel) ->
     assert cell.status == "ok" and cell.result == "2"
 
 
+def test_stopped_slurmd_leaves_running_ranks_working(world: JobKernel, devcluster) -> None:  # type: ignore[no-untyped-def]
+    """slurmd on n2 dies mid-training and is restarted within SlurmdTimeout (60 s here), as an admin or
+    systemd would: the running ranks never needed it, the cell finishes, the job and the node stay up."""
+    from jupyter_hpcai import slurm
+    from jupyter_hpcai.proc import wait_until
+
+    assert world.run("%hpc status").status == "ok"
+    slurmd = next(d for d in devcluster.daemons() if d.name == "slurmd n2")
+    pid = slurmd.pid()
+    assert pid
+    world.client.execute("%%horovod_run\nimport time, tensorflow as tf\ntime.sleep(8)\n"
+                         "float(hvd.allreduce(tf.constant(float(rank + 1)), op=hvd.Sum))")
+    os.kill(pid, signal.SIGKILL)  # during the cell
+    reply = world.client.get_shell_msg(timeout=120)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert world.run("%%horovod_run -o ranks\nrank").status == "ok"
+    assert world.run("ranks").result == "[0, 1]", "both ranks (n1, n2) still answer"
+    devcluster.up()  # restart the stopped slurmd (idempotent: only what is not running starts)
+    assert slurmd.pid() not in (None, pid)
+    job = slurm.job_info(str(world.job_id))
+    assert job and job["JobState"] == "RUNNING"  # the notebook's job was never lost
+    wait_until(lambda: all(n.usable for n in slurm.nodes()), timeout=60, what="n2 to be usable again")
+    assert world.run("%hpc restart").status == "ok"  # a new srun step reaches n2 again
+    assert world.run("%%horovod_run\nhvd.size()").result == "2"
+
+
 def test_unwritable_manifest_fails_the_build_and_keeps_the_env(small_recipe: Path, env_store: EnvStore) -> None:
     """The manifest is written last, before `current` moves: if it cannot be written, nothing changes."""
     name = "readonly"
