@@ -14,7 +14,7 @@ from rich.table import Table
 from . import kernelspec
 from .devcluster import DevCluster
 from .envs import Builder, EnvStore, load_recipe
-from .envs import remote
+from .envs import container, remote
 from .envs.check import check, site_warnings
 from .envs.preflight import preflight
 from .envs.store import Env
@@ -184,6 +184,26 @@ def env_preflight(recipe: Path) -> None:
     console.print("[green]preflight passed[/]")
 
 
+@env.command("import-container")
+@click.argument("source")
+@click.option("--name", required=True, help="The env's name (also its kernel's: hpcai-NAME).")
+@click.option("--mode", help="udocker execution mode (default P1, or HPCAI_UDOCKER_MODE).")
+@click.option("--python", default="python3", show_default=True, help="The interpreter inside the image.")
+@click.option("--bind", "binds", multiple=True, metavar="SRC[:DST]",
+              help="A host path the container sees (repeatable), e.g. a dataset or a shared software tree.")
+def env_import_container(source: str, name: str, mode: str | None, python: str, binds: tuple[str, ...]) -> None:
+    """Make env NAME from a container image: SOURCE is a tarball (docker save, or a root filesystem) or a
+    registry reference (udocker pull). udocker settings: HPCAI_UDOCKER, UDOCKER_DIR and udocker's UDOCKER_* variables."""
+    found = container.import_container(source, name, mode=mode, python=python, binds=list(binds))
+    inside = found.inside
+    console.print(f"env '{name}' imported: container {found.container} (mode {found.settings.mode}), python "
+                  f"{inside['python']}, MPI {inside.get('mpi') or 'none'}, packages: "
+                  + (", ".join(f"{k} {v}" for k, v in inside["packages"].items()) or "none"))
+    for warning in container.warnings(inside):
+        console.print(f"[yellow]warning:[/] {warning}")
+    console.print(f"next: hpcai kernel install {name}")
+
+
 @env.command("list")
 def env_list() -> None:
     """List the environments and their current builds."""
@@ -192,7 +212,8 @@ def env_list() -> None:
     for e in store.list():
         build = e.current()
         m = (build.manifest() if build else None) or {}
-        table.add_row(e.name, m.get("kind", "?"), build.id if build else "-", m.get("python") or "-",
+        python = m.get("inside", {}).get("python") if m.get("kind") == "container" else m.get("python")
+        table.add_row(e.name, m.get("kind", "?"), build.id if build else "-", python or "-",
                       str(len(m.get("conda", []))), str(len(m.get("pip", []))))
     console.print(table)
 
@@ -202,6 +223,14 @@ def env_list() -> None:
 def env_check(name: str) -> None:
     """Activate the env, re-run its verify steps, and warn when this node differs from where it was built."""
     target = EnvStore().get(name)
+    if container.is_container(target):
+        found = container.Container.current(target)
+        warnings = container.check(found)
+        console.print(f"[green]✓[/] container {found.container} runs (mode {found.settings.mode}, {found.python})")
+        for warning in warnings:
+            console.print(f"[yellow]warning:[/] {warning}")
+        console.print(f"env '{name}' is OK")
+        return
     for step in check(target):
         console.print(f"[green]✓[/] {step.step}")
     for warning in site_warnings(target):
@@ -212,8 +241,12 @@ def env_check(name: str) -> None:
 @env.command("remove")
 @click.argument("name")
 def env_remove(name: str) -> None:
-    """Remove an env and all its builds."""
-    EnvStore().remove(name)
+    """Remove an env and all its builds (a container env's udocker containers too)."""
+    target = EnvStore().get(name)
+    if container.is_container(target):
+        container.remove(target)
+    else:
+        EnvStore().remove(name)
     console.print(f"env '{name}' removed")
 
 

@@ -17,9 +17,16 @@ def kernel_name(env: Env) -> str:
 
 
 def render(env: Env, display_name: str | None = None) -> dict[str, Any]:
-    """kernel.json for ``env``: its `current` python, started through the hpcai-env provisioner."""
-    values = {"{python}": str(env.current_link / "bin" / "python"), "{env}": env.name, "{env_root}": str(env.root),
-              "{display_name}": display_name or f"Python ({env.name})"}
+    """kernel.json for ``env``: its `current` python, started through the hpcai-env provisioner.
+
+    A container env's kernel is the container's python, run by the provisioner through udocker; it is
+    interrupted by a message (a signal would reach udocker, not the kernel inside).
+    """
+    manifest = (env.current().manifest() if env.current() else None) or {}  # type: ignore[union-attr]
+    container = manifest.get("kind") == "container"
+    python = manifest["python"] if container else str(env.current_link / "bin" / "python")
+    values = {"{python}": python, "{env}": env.name, "{env_root}": str(env.root),
+              "{display_name}": display_name or f"Python ({env.name}{', container' if container else ''})"}
 
     def fill(node: Any) -> Any:
         if isinstance(node, str):
@@ -30,7 +37,10 @@ def render(env: Env, display_name: str | None = None) -> dict[str, Any]:
             return {k: fill(v) for k, v in node.items()}
         return node
 
-    return fill(json.loads(paths.kernel_template().read_text()))
+    spec = fill(json.loads(paths.kernel_template().read_text()))
+    if container:
+        spec["interrupt_mode"] = "message"
+    return spec
 
 
 def install(env: Env, *, display_name: str | None = None, user: bool = False, prefix: str | None = None) -> Path:
@@ -41,9 +51,10 @@ def install(env: Env, *, display_name: str | None = None, user: bool = False, pr
     manifest = build.manifest() if build else None
     if manifest is None:
         raise HPCAIError(f"env '{env.name}' has no finished build", f"build it first: hpcai env build RECIPE --name {env.name}")
-    if not any(p["name"].lower() == "ipykernel" for p in manifest["pip"] + manifest["conda"]):
+    inside = manifest.get("inside", {}).get("packages", {})
+    if not any(p["name"].lower() == "ipykernel" for p in manifest["pip"] + manifest["conda"]) and "ipykernel" not in inside:
         raise HPCAIError(f"env '{env.name}' has no ipykernel, so it cannot run a kernel",
-                         "add `ipykernel` to the recipe's pip list and rebuild")
+                         "add `ipykernel` to the recipe's pip list (or to the container image) and rebuild")
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp).chmod(0o755)  # copied as is: a system-wide kernelspec must be readable by every user
         (Path(tmp) / "kernel.json").write_text(json.dumps(render(env, display_name), indent=2) + "\n")

@@ -3,7 +3,8 @@
 A kernelspec's static ``env`` cannot run activate.d scripts or load modules. This provisioner
 computes the env's activation (cached per build) and applies it on top of the environment the
 kernel would get anyway, so a kernel inside a Slurm job keeps its allocation (SLURM_*,
-CUDA_VISIBLE_DEVICES). A removed or broken env fails the start at once, with a message that names
+CUDA_VISIBLE_DEVICES). A container env's kernel runs inside its container (envs/container.py).
+A removed or broken env fails the start at once, with a message that names
 the env, the failing step and the fix; JupyterLab shows it in its kernel error dialog.
 """
 
@@ -17,6 +18,7 @@ from tornado.web import HTTPError
 from traitlets import Unicode
 
 from .envs import EnvStore, activated
+from .envs.container import Container, is_container
 from .errors import HPCAIError
 
 
@@ -39,9 +41,11 @@ class HPCAIEnvProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         kwargs = await super().pre_launch(**kwargs)
-        store = EnvStore(Path(self.env_root) if self.env_root else None)
+        env = EnvStore(Path(self.env_root) if self.env_root else None).env(self.env)
         try:
-            build, environ = activated(store.env(self.env), kwargs.get("env") or {})
+            if is_container(env):
+                return self._in_container(Container.current(env), kwargs)
+            build, environ = activated(env, kwargs.get("env") or {})
         except HPCAIError as err:
             raise KernelEnvError(f"Kernel for env '{self.env}' cannot start: {err.message}. Fix: {err.hint}") from None
         cmd = list(kwargs["cmd"])
@@ -49,4 +53,15 @@ class HPCAIEnvProvisioner(LocalProvisioner):  # type: ignore[misc]
             cmd[0] = str(build.python)  # exactly the build that was activated, even if `current` moves meanwhile
         kwargs["cmd"] = cmd
         kwargs["env"] = environ
+        return kwargs
+
+    @staticmethod
+    def _in_container(container: Container, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``udocker run`` the kernel in the env's container: host env, the user's identity, home and the
+        connection file's folder, the Slurm allocation (its variables and the host's Slurm client)."""
+        cmd = list(kwargs["cmd"])
+        connection = cmd[cmd.index("-f") + 1] if "-f" in cmd else None
+        binds = [str(Path(connection).parent)] if connection else []
+        kwargs["cmd"] = [*container.run_argv(binds), container.python, *cmd[1:]]
+        kwargs["env"] = container.environ(kwargs.get("env") or {})
         return kwargs

@@ -10,6 +10,7 @@ APT_PACKAGES=(
   sudo                                  # the hub spawns servers as other users
   lmod                                  # `module load` in recipes (tests use a real modulefile)
   chromium                              # browser tests (Playwright drives Debian's Chromium)
+  proot debootstrap                     # container envs: udocker's P1 mode, and the tests' Debian image
 )
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

@@ -5,11 +5,14 @@
 - ``local``: mpirun on this machine only, outside Slurm.
 
 Every way starts the same program, ``python -m jupyter_hpcai.engines.engine``, which pins the
-rank to its GPU before the ipyparallel engine starts.
+rank to its GPU before the ipyparallel engine starts. In a container env's kernel (``HPCAI_CONTAINER``,
+set by the provisioner) each rank is ``udocker run ... CONTAINER python -m jupyter_hpcai.engines.engine``
+in the same container, started by srun on the host of every node.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from ipyparallel.cluster.launcher import MPIEngineSetLauncher
 from traitlets import List
 
+from .. import mpi
 from ..allocation import Allocation
 from ..errors import HPCAIError
 
@@ -94,19 +98,34 @@ class MpirunEngineSetLauncher(_EngineSet):
     mpi_cmd = List(["mpirun", "--bind-to", "none"], config=True)
 
 
+def engine_cmd(layout: Layout, environ: dict[str, str] | None = None) -> list[str]:
+    """What each rank runs: the engine in this python, or in this kernel's container (checked first)."""
+    environ = dict(os.environ if environ is None else environ)
+    if "HPCAI_CONTAINER" not in environ:
+        return ENGINE_CMD
+    container = json.loads(environ["HPCAI_CONTAINER"])
+    if layout.launcher != "srun":
+        raise HPCAIError(f"container ranks (env '{container['name']}') start with srun, not {layout.launcher}",
+                         "leave out --launcher, inside a Slurm job")
+    if why := mpi.mismatch(container.get("mpi"), environ.get("HPCAI_HOST_MPI") or None):
+        raise HPCAIError(f"the ranks' MPI would not match: {why}",
+                         "use an image with the host's MPI version (or load the module of the image's MPI on the host)")
+    return [*container["run"], container["python"], "-m", "jupyter_hpcai.engines.engine"]
+
+
 def launcher_config(layout: Layout) -> tuple[type, dict[str, object]]:
     """The ipyparallel engine-set launcher class and its trait values for ``layout``."""
-    engine_cmd = ENGINE_CMD
+    program = engine_cmd(layout)
     if layout.launcher == "srun":
         args = [f"--nodes={layout.nodes}", f"--ntasks-per-node={layout.per_node}", "--distribution=block",
                 "--kill-on-bad-exit=1", "--overlap"]
-        return SrunEngineSetLauncher, {"mpi_args": args, "engine_cmd": engine_cmd}
+        return SrunEngineSetLauncher, {"mpi_args": args, "engine_cmd": program}
     args = ["--map-by", f"ppr:{layout.per_node}:node", "--oversubscribe"]
     if os.geteuid() == 0:
         args.append("--allow-run-as-root")
     if layout.launcher == "local":
         args += ["--host", f"localhost:{layout.n}"]
-    return MpirunEngineSetLauncher, {"mpi_args": args, "engine_cmd": engine_cmd}
+    return MpirunEngineSetLauncher, {"mpi_args": args, "engine_cmd": program}
 
 
 __all__ = ["LAUNCHERS", "Layout", "MpirunEngineSetLauncher", "SrunEngineSetLauncher", "launcher_config", "plan"]

@@ -1,0 +1,340 @@
+"""Container environments: an image run with udocker (no root, no daemon), next to the conda-built ones.
+
+``hpcai env import-container SOURCE --name NAME`` pulls (registry reference) or imports (rootfs
+tarball) or loads (``docker save`` tarball) the image, creates a udocker container, sets its
+execution mode (P1 unless told), runs ``udocker setup --nvidia`` on a node with NVIDIA devices, then
+looks inside (python, ipykernel, ipyparallel, mpi4py, OpenMPI) and records it all in a build of the
+env, like a conda build. ``current`` moves only when the container runs; a failed import keeps the
+previous build.
+
+Everything udocker needs is configuration (:class:`Settings`): the udocker executable, its directory,
+the execution mode, and udocker's own ``UDOCKER_*`` variables (proot/runc/patchelf executables,
+``UDOCKER_TARBALL``). They are recorded in the manifest, so the kernel and the engines run the
+container exactly as the import did, whatever environment they start from.
+
+Inside the container, kernels and engines see: the host environment and the user's identity
+(``--hostenv --hostauth``), the home directory, /tmp, the env's extra binds, jupyter_hpcai's own
+(pure Python) code at /.hpcai/lib, and the host's Slurm client at /.hpcai/bin (srun, scontrol...,
+run with the host's loader and libraries from /.hpcai/host, so the image's C library does not matter).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tarfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import mpi
+from ..errors import HPCAIError
+from ..proc import run
+from .store import Build, Env, EnvStore
+
+MODES = ("P1", "P2", "R1", "R2", "R3", "F1", "F2", "F3", "F4", "S1")
+HOST = "/.hpcai/host"  # the host's root, for its Slurm client
+HOST_BIN = "/.hpcai/bin"  # wrappers that run the host's srun, scontrol... inside the container
+LIB = "/.hpcai/lib"  # jupyter_hpcai's own code, so kernel and ranks run the same version as the host
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the image's PATH
+SLURM_CLIENT = ("srun", "scontrol", "squeue", "sinfo", "scancel", "sbatch")
+# Where Slurm clients find their plugins, config and munge socket on common installations.
+SLURM_PATHS = ("/etc/slurm", "/etc/slurm-llnl", "/run/munge", "/var/run/munge", "/usr/lib64/slurm",
+               "/usr/lib/slurm", "/usr/lib/x86_64-linux-gnu/slurm-wlm", "/usr/lib/x86_64-linux-gnu/slurm")
+_LOOK_INSIDE = r"""
+import json, shutil, subprocess, sys
+from importlib import metadata
+found = {"python": sys.version.split()[0], "executable": sys.executable, "packages": {}, "mpi": None}
+for name in ("ipykernel", "ipyparallel", "mpi4py", "horovod", "tensorflow", "tensorflow-cpu", "torch"):
+    try:
+        found["packages"][name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        pass
+if shutil.which("mpirun"):
+    out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout
+    found["mpi"] = out.splitlines()[0].strip() if out.strip() else None
+print("HPCAI-INSIDE " + json.dumps(found))
+"""
+_WRAPPER = """#!/bin/sh
+# {name} of the host, run with the host's loader and libraries (whatever C library the image has)
+H={host}
+exec $H{loader} --library-path {libs} $H{exe} "$@"
+"""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How udocker is run: sane defaults for a real cluster, each overridable by an environment variable.
+
+    - ``HPCAI_UDOCKER``: the udocker executable (default: ``udocker`` on PATH, or beside this python);
+    - ``UDOCKER_DIR``: where udocker keeps images and containers (udocker's default: ~/.udocker);
+    - ``HPCAI_UDOCKER_MODE``: the execution mode (P1: proot with seccomp; P2, R1... see udocker's manual);
+    - every ``UDOCKER_*`` variable (``UDOCKER_USE_PROOT_EXECUTABLE``, ``UDOCKER_TARBALL``...) is udocker's own
+      configuration, passed on as is;
+    - ``HPCAI_CONTAINER_SLURM_PATHS``: colon-separated host paths the Slurm client needs inside the container
+      (default: SLURM_CONF's folder, the usual config, plugin and munge locations, and the PMIx library that
+      ``srun --mpi=pmix`` loads, where they exist).
+    """
+
+    udocker: str
+    mode: str = "P1"
+    variables: dict[str, str] = field(default_factory=dict)
+    slurm_paths: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_environ(cls, environ: dict[str, str] | None = None, mode: str | None = None) -> Settings:
+        env = dict(os.environ if environ is None else environ)
+        beside = Path(sys.executable).parent / "udocker"  # pip install udocker next to jupyter-hpcai
+        udocker = (env.get("HPCAI_UDOCKER") or shutil.which("udocker", path=env.get("PATH"))
+                   or (str(beside) if beside.exists() else ""))
+        if not udocker or not Path(udocker).exists():
+            raise HPCAIError(f"udocker not found ({udocker or 'not on PATH'})",
+                             "install it (pip install udocker) or set HPCAI_UDOCKER to its path")
+        mode = (mode or env.get("HPCAI_UDOCKER_MODE") or "P1").upper()
+        if mode not in MODES:
+            raise HPCAIError(f"unknown udocker execution mode '{mode}'", f"use one of: {', '.join(MODES)}")
+        variables = {k: v for k, v in env.items() if k.startswith("UDOCKER_")}
+        if "HPCAI_CONTAINER_SLURM_PATHS" in env:
+            slurm_paths = [p for p in env["HPCAI_CONTAINER_SLURM_PATHS"].split(":") if p]
+        else:
+            conf_dir = str(Path(env.get("SLURM_CONF", "/etc/slurm/slurm.conf")).parent)
+            pmix = [str(p) for p in Path("/usr/lib").glob("*/pmix*/lib/libpmix.so")]  # srun --mpi=pmix dlopens it
+            slurm_paths = sorted({p for p in (conf_dir, *SLURM_PATHS, *pmix) if Path(p).exists()})
+        return cls(str(Path(udocker).absolute()), mode, variables, slurm_paths)
+
+    @property
+    def base(self) -> list[str]:
+        """udocker and its global options."""
+        return [self.udocker, "--quiet", *(["--allow-root"] if os.geteuid() == 0 else [])]
+
+    def environ(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        return {**(os.environ if base is None else base), **self.variables}
+
+    def udocker_run(self, args: list[str], timeout: float = 600, check: bool = True) -> Any:
+        return run([*self.base, *args], env=self.environ(), timeout=timeout, check=check)
+
+
+@dataclass(frozen=True)
+class Container:
+    """A container env's build, as its manifest records it."""
+
+    build: Build
+    name: str
+    container: str
+    source: str
+    python: str
+    binds: list[str]
+    settings: Settings
+    inside: dict[str, Any]
+
+    @classmethod
+    def current(cls, env: Env) -> Container:
+        """The env's current container, checked to still exist in udocker's directory."""
+        build = env.current()
+        if build is None or not build.prefix.is_dir():
+            raise HPCAIError(f"env '{env.name}' does not exist in {env.root} (it was removed, or never imported)",
+                             f"import it: hpcai env import-container SOURCE --name {env.name}")
+        found = cls.of(build)
+        udocker_dir = Path(found.settings.variables.get("UDOCKER_DIR") or Path.home() / ".udocker")
+        if not (udocker_dir / "containers" / found.container).exists():
+            raise HPCAIError(f"udocker's container {found.container} of env '{env.name}' is gone from {udocker_dir}",
+                             f"import the image again: hpcai env import-container {found.source} --name {env.name}")
+        return found
+
+    @classmethod
+    def of(cls, build: Build) -> Container:
+        m = build.manifest() or {}
+        if m.get("kind") != "container":
+            raise HPCAIError(f"build {build.prefix} is not a container env", "use it as a conda env")
+        s = m["udocker"]
+        return cls(build, m["name"], m["container"], m["source"], m["python"], m["binds"],
+                   Settings(s["udocker"], s["mode"], s["variables"], s["slurm_paths"]), m["inside"])
+
+    def run_argv(self, extra_binds: list[str] = ()) -> list[str]:  # type: ignore[assignment]
+        """``udocker run`` up to the command: host env and identity, home, /tmp, Slurm client, our code."""
+        import jupyter_hpcai
+
+        binds = [str(Path.home()), "/tmp", str(Path.cwd()), *self.binds, *extra_binds, *self.settings.slurm_paths,
+                 f"/:{HOST}", f"{self.build.prefix / 'hostbin'}:{HOST_BIN}",
+                 f"{Path(jupyter_hpcai.__file__).parent}:{LIB}/jupyter_hpcai"]
+        seen: list[str] = []
+        for b in binds:
+            if b not in seen:
+                seen.append(b)
+        path = [HOST_BIN, *([str(Path(self.python).parent)] if self.python.startswith("/") else []), SYSTEM_PATH]
+        return [*self.settings.base, "run", "--nobanner", "--hostenv", "--hostauth",
+                *(f"--volume={b}" for b in seen), f"--workdir={Path.cwd()}",
+                f"--env=PATH={':'.join(path)}", f"--env=PYTHONPATH={LIB}", self.container]
+
+    def environ(self, base: dict[str, str]) -> dict[str, str]:
+        """The environment udocker runs with (inside, PATH and PYTHONPATH are run_argv's)."""
+        env = self.settings.environ(base)
+        env["HPCAI_CONTAINER"] = json.dumps({"run": self.run_argv(), "python": self.python,
+                                             "mpi": self.inside.get("mpi"), "name": self.name})
+        env["HPCAI_HOST_MPI"] = mpi.host_version() or ""
+        return env
+
+
+def is_container(env: Env) -> bool:
+    """True when the env's current build is a container."""
+    build = env.current()
+    return bool(build and (build.manifest() or {}).get("kind") == "container")
+
+
+def _tarball_kind(path: Path) -> str:
+    """'load' for a ``docker save`` archive, 'import' for a root filesystem tarball."""
+    try:
+        with tarfile.open(path) as tar:
+            for i, member in enumerate(tar):
+                name = member.name.removeprefix("./")
+                if name in ("manifest.json", "repositories", "oci-layout") or re.match(r"^[0-9a-f]{64}(/|\.json$)", name):
+                    return "load"
+                if name.startswith(("etc/", "usr/", "bin")) or i > 200:
+                    return "import"
+    except (OSError, tarfile.TarError) as err:
+        raise HPCAIError(f"{path} is not a readable tar archive: {err}",
+                         "give an image tarball (docker save, or a root filesystem made with tar)") from None
+    return "import"
+
+
+def _write_wrappers(folder: Path) -> None:
+    """sh wrappers that run the host's Slurm client from inside the container (see the module doc)."""
+    folder.mkdir()
+    loader = next((p for p in ("/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1") if Path(p).exists()), None)
+    lib_dirs = [d for d in (*SLURM_PATHS, "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu",
+                            "/usr/lib/aarch64-linux-gnu", "/lib64", "/usr/lib64") if "etc" not in d and "munge" not in d]
+    libs = ":".join(f"$H{d}" for d in lib_dirs if Path(d).is_dir())
+    for name in SLURM_CLIENT:
+        exe = shutil.which(name)
+        if exe is None or loader is None:
+            continue
+        wrapper = folder / name
+        wrapper.write_text(_WRAPPER.format(name=name, host=HOST, loader=loader, libs=libs, exe=Path(exe).resolve()))
+        wrapper.chmod(0o755)
+
+
+def import_container(source: str, name: str, *, store: EnvStore | None = None, mode: str | None = None,
+                     python: str = "python3", binds: list[str] = (),  # type: ignore[assignment]
+                     settings: Settings | None = None) -> Container:
+    """Import ``source`` (a tarball path or a registry reference) as a new build of env ``name``."""
+    settings = settings or Settings.from_environ(mode=mode)
+    env = (store or EnvStore()).env(name)
+    for bind in binds:
+        if not Path(bind.split(":", 1)[0]).exists():
+            raise HPCAIError(f"--bind {bind}: {bind.split(':', 1)[0]} does not exist on this host", "bind an existing path")
+    with env.exclusive():
+        previous = env.current()
+        if previous and (previous.manifest() or {}).get("kind", "conda") != "container":
+            raise HPCAIError(f"env '{name}' is a conda env", "pick another --name, or `hpcai env remove` it first")
+        build = env.new_build()
+        tag = f"hpcai-{name.lower()}:{build.id}"
+        container = f"hpcai-{name.lower()}-{build.id}"
+        manifest = {"name": name, "build_id": build.id, "kind": "container", "source": source, "image": tag,
+                    "container": container, "python": python, "binds": list(binds), "udocker": asdict(settings),
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "conda": [], "pip": [], "inside": {}}
+        try:
+            build.meta.mkdir()
+            _write_manifest(build, manifest)  # first, so that a failed import can be cleaned up
+            manifest["image"] = _get_image(settings, source, tag)
+            _write_manifest(build, manifest)
+            settings.udocker_run(["create", f"--name={container}", manifest["image"]], timeout=1800)
+            setup = settings.udocker_run(["setup", f"--execmode={settings.mode}", container], check=False)
+            if setup.returncode != 0:
+                raise HPCAIError(f"udocker cannot use execution mode {settings.mode}: {setup.stderr.strip()[-300:]}",
+                                 "pick another with --mode (P1, P2 need proot; R1 needs runc) or set the udocker "
+                                 "executables (UDOCKER_USE_PROOT_EXECUTABLE, UDOCKER_USE_RUNC_EXECUTABLE)")
+            if Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists():
+                settings.udocker_run(["setup", "--nvidia", container], timeout=600)
+            _write_wrappers(build.prefix / "hostbin")
+            manifest["inside"] = look_inside(Container.of(build))
+            _write_manifest(build, manifest)
+        except BaseException:
+            discard(build)
+            raise
+        env.promote(build)
+        for old in env.builds():
+            if old.id not in (build.id, previous.id if previous else ""):
+                discard(old)
+    return Container.of(build)
+
+
+def _write_manifest(build: Build, manifest: dict[str, Any]) -> None:
+    (build.meta / "manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+def _get_image(settings: Settings, source: str, tag: str) -> str:
+    path = Path(source)
+    if path.exists():
+        if _tarball_kind(path) == "load":
+            done = settings.udocker_run(["load", "-i", str(path.absolute())], timeout=1800)
+            loaded = re.findall(r"[\w./-]+:[\w.-]+", done.stdout)
+            if not loaded:
+                raise HPCAIError(f"udocker load of {path} named no image", "check the tarball with `tar tf`")
+            return loaded[-1]
+        settings.udocker_run(["import", str(path.absolute()), tag], timeout=1800)
+        return tag
+    if "/" in source and (source.startswith((".", "/", "~")) or source.endswith((".tar", ".tar.gz", ".tgz"))):
+        raise HPCAIError(f"no image tarball at {source}", "give an existing file, or a registry reference such as "
+                         "docker.io/library/debian:bookworm")
+    done = settings.udocker_run(["pull", source], timeout=3600, check=False)
+    if done.returncode != 0:
+        raise HPCAIError(f"udocker pull {source} failed: {(done.stderr or done.stdout).strip()[-300:]}",
+                         "check the reference and that this node reaches the registry; offline, import a tarball "
+                         "(docker save IMAGE > image.tar on a machine with internet, then copy it here)")
+    return source
+
+
+def look_inside(c: Container) -> dict[str, Any]:
+    """Run the env's python in the container and record what it has; clear errors when it cannot run."""
+    done = run([*c.run_argv(), c.python, "-c", _LOOK_INSIDE], env=c.environ(dict(os.environ)), check=False, timeout=300)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("HPCAI-INSIDE ")), None)
+    if line is None:
+        text = f"{done.stderr}\n{done.stdout}"
+        errors = [ln.strip() for ln in text.splitlines() if "rror" in ln]
+        detail = (errors[0] if errors else text.strip()[-300:])[:300]
+        if "command not found" in detail:
+            raise HPCAIError(f"the container of env '{c.name}' has no {c.python}",
+                             "install python3 in the image, or pass --python with the interpreter's path inside")
+        raise HPCAIError(f"the container of env '{c.name}' does not run in mode {c.settings.mode}: {detail}",
+                         "try another --mode (P1, P2, R1), or check udocker's executables (UDOCKER_USE_*_EXECUTABLE)")
+    return json.loads(line.removeprefix("HPCAI-INSIDE "))
+
+
+def check(c: Container) -> list[str]:
+    """Run the container again; return its warnings; raise when it does not run."""
+    return warnings(look_inside(c))
+
+
+def warnings(inside: dict[str, Any]) -> list[str]:
+    """What will not work with what the image has: an MPI unlike this node's, no ipykernel or ipyparallel."""
+    warnings = []
+    if mismatch := mpi.mismatch(inside.get("mpi"), mpi.host_version()):
+        warnings.append(f"MPI: {mismatch}; MPI programs in the container may fail to start across nodes")
+    for package in ("ipykernel", "ipyparallel"):
+        if package not in inside["packages"]:
+            warnings.append(f"the image has no {package}: add it to the image (pip install {package})")
+    return warnings
+
+
+def discard(build: Build) -> None:
+    """Remove a container build: its udocker container and imported image, then its folder."""
+    manifest = build.manifest() or {}
+    if manifest.get("kind") == "container":
+        settings = Container.of(build).settings
+        settings.udocker_run(["rm", "-f", manifest["container"]], check=False)
+        if manifest.get("image", "").startswith("hpcai-"):
+            settings.udocker_run(["rmi", "-f", manifest["image"]], check=False)
+    shutil.rmtree(build.prefix, ignore_errors=True)
+
+
+def remove(env: Env) -> None:
+    """Remove a container env and everything udocker holds for it."""
+    with env.exclusive():
+        for build in env.builds():
+            discard(build)
+        env.current_link.unlink(missing_ok=True)
+    shutil.rmtree(env.dir, ignore_errors=True)

@@ -1,0 +1,27 @@
+"""The MPI on this node, and whether another MPI (an image's) can run ranks beside it."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+from .proc import run
+
+
+def host_version() -> str | None:
+    """The first line of this node's ``mpirun --version`` (None without mpirun)."""
+    exe = shutil.which("mpirun")
+    if exe is None:
+        return None
+    out = run([exe, "--version"], check=False, timeout=60).stdout.strip()
+    return out.splitlines()[0].strip() if out else None
+
+
+def mismatch(inside: str | None, host: str | None) -> str | None:
+    """Why an image's MPI differs from the host's (vendor or major.minor), or None when they match or one is unknown."""
+    if not inside or not host:
+        return None
+    v_in, v_host = re.findall(r"\d+\.\d+", inside), re.findall(r"\d+\.\d+", host)
+    if v_in[:1] == v_host[:1] and ("Open MPI" in inside) == ("Open MPI" in host):
+        return None
+    return f"the image has '{inside}' but the host has '{host}'"
