@@ -58,9 +58,15 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     def _profiles(self) -> list[Profile]:
         return [Profile(**p) for p in self.profiles]
 
+    def _limits(self) -> dict[str, Limit]:
+        """The scheduler's partition limits (cached), narrowed by the admin's."""
+        return merge_limits(_partitions(self.limits_ttl), self.limits, list(self.partitions) or None)
+
+    def _validate(self, raw: dict[str, Any]) -> tuple[SpawnOptions, Profile]:
+        return validate(raw, self._profiles(), self._limits(), self.environments)
+
     async def current_limits(self) -> dict[str, Limit]:
-        parts = await asyncio.to_thread(_partitions, self.limits_ttl)
-        return merge_limits(parts, self.limits, list(self.partitions) or None)
+        return await asyncio.to_thread(self._limits)
 
     async def _render_form(self, spawner: Any = None) -> str:
         values, errors = self._rejected or ({}, {})
@@ -75,9 +81,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
 
     def _checked(self, raw: dict[str, Any], remember: bool = False) -> dict[str, Any]:
         try:
-            parts = _partitions(self.limits_ttl)
-            options, _ = validate(raw, self._profiles(), merge_limits(parts, self.limits, list(self.partitions) or None),
-                                  self.environments)
+            options, _ = self._validate(raw)
         except OptionsError as err:
             if remember:
                 self._rejected = ({k: str(v) for k, v in raw.items()}, err.errors)
@@ -87,7 +91,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     # -- the batch script ------------------------------------------------------------------
     def job_script(self) -> str:
         """The script this spawner would submit for its user_options (also `hpcai spawner preview`)."""
-        options, profile = self._validate_user_options()
+        options, profile = self._validate(self.user_options or {})
         cmd = [self.batchspawner_singleuser_cmd, *self.cmd, *self.get_args()]
         if options.environment:
             cmd.append(f"--MappingKernelManager.default_kernel_name=hpcai-{options.environment.lower()}")
@@ -103,12 +107,6 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         except KeyError:
             raise HPCAIError(f"no unix user named {self.user.name} on the hub host",
                              "hub users must be unix users of the cluster") from None
-
-    def _validate_user_options(self) -> tuple[SpawnOptions, Profile]:
-        profiles = self._profiles()
-        parts = _partitions(self.limits_ttl)
-        return validate(self.user_options or {}, profiles, merge_limits(parts, self.limits, list(self.partitions) or None),
-                        self.environments)
 
     async def _get_batch_script(self, **subvars: Any) -> str:
         return self.job_script()
@@ -129,7 +127,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     # -- the job's life --------------------------------------------------------------------
     async def start(self) -> tuple[str, int]:
         self.ip, self.port = self.bind_ip, 0
-        self._options, self._profile = self._validate_user_options()
+        self._options, self._profile = self._validate(self.user_options or {})
         test = " ".join([self.exec_prefix.format(username=self.user.name), "sbatch --test-only"])
         try:
             await self.run_command(test, input=self.job_script(), env=self.get_env())
