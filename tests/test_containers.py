@@ -76,6 +76,36 @@ def test_import_list_check_and_a_failed_reimport_keeps_the_env(deb: Env, image: 
     assert _cli("env", "check", "deb", store=env_store).returncode == 0
 
 
+def _docker_save(rootfs_tar: Path, out: Path, tag: str) -> Path:
+    """A `docker save` archive of a one-layer image (what a user copies from a machine with docker)."""
+    layer = "0" * 64
+    (out / layer).mkdir()
+    (out / layer / "layer.tar").symlink_to(rootfs_tar)
+    (out / layer / "VERSION").write_text("1.0")
+    (out / layer / "json").write_text(json.dumps({"id": layer, "config": {"Env": ["PATH=/usr/bin:/bin"]}}))
+    repo, _, version = tag.partition(":")
+    (out / "repositories").write_text(json.dumps({repo: {version: layer}}))
+    (out / f"{layer}.json").write_text(json.dumps({"architecture": "amd64", "os": "linux", "config": {}}))
+    (out / "manifest.json").write_text(json.dumps([{"Config": f"{layer}.json", "RepoTags": [tag],
+                                                    "Layers": [f"{layer}/layer.tar"]}]))
+    saved = out / "saved.tar"
+    subprocess.run(["tar", "-C", str(out), "-chf", str(saved), "manifest.json", "repositories", f"{layer}.json", layer],
+                   check=True, timeout=300)
+    return saved
+
+
+def test_docker_save_tarball_is_loaded_and_remove_cleans_up(udocker: dict[str, str], image: Path, env_store: EnvStore,
+                                                             tmp_path: Path) -> None:
+    saved = _docker_save(image, tmp_path, "hpcai-test/deb:saved")
+    found = import_container(str(saved), "saved", store=env_store)
+    assert found.inside["python"].startswith("3.11")
+    assert json.loads((found.build.meta / "manifest.json").read_text())["image"] == "hpcai-test/deb:saved"
+    removed = _cli("env", "remove", "saved", store=env_store)
+    assert removed.returncode == 0, removed.stdout
+    assert not (Path(udocker["UDOCKER_DIR"]) / "containers" / found.container).exists()
+    assert not env_store.env("saved").dir.exists()
+
+
 @pytest.mark.parametrize(("args", "variables", "message", "fix"), [
     (["--python", "/opt/none/python"], {}, "has no /opt/none/python", "--python"),
     ([], {"HPCAI_UDOCKER": "/nonexistent/udocker"}, "udocker not found", "pip install udocker"),
@@ -126,12 +156,28 @@ def test_kernel_runs_inside_the_container_with_the_allocation(deb_kernel: JobKer
                           "print(json.dumps({'exe': sys.executable, 'marker': os.path.exists(%r), "
                           "'job': os.environ.get('SLURM_JOB_ID'), 'home': os.access(pathlib.Path.home(), os.W_OK), "
                           "'srun': subprocess.run(['srun', '--overlap', '-n2', 'hostname'], capture_output=True, "
-                          "text=True, timeout=120).stdout.split()}))" % MARKER)
+                          "text=True, timeout=120)}, default=lambda p: [p.stdout.split(), p.stderr]))" % MARKER)
     assert cell.status == "ok", cell.error
     seen = json.loads(cell.stdout)
     assert seen["exe"] == "/usr/bin/python3" and seen["marker"]  # the image's python, not the host's
     assert seen["job"] == str(deb_kernel.job_id) and seen["home"]
-    assert len(seen["srun"]) == 2  # the host's Slurm client works from inside
+    assert len(seen["srun"][0]) == 2, seen["srun"]  # the host's Slurm client works from inside
+
+
+def test_interrupt_reaches_the_kernel_inside(deb_kernel: JobKernel, deb: Env) -> None:
+    """A signal would reach udocker, not the kernel: the kernelspec asks Jupyter to interrupt by message."""
+    from jupyter_hpcai import kernelspec
+
+    assert kernelspec.render(deb)["interrupt_mode"] == "message"
+    client = deb_kernel.client
+    msg_id = client.execute("import time\ntime.sleep(300)")
+    while not (m := client.get_iopub_msg(timeout=60))["msg_type"] == "execute_input" \
+            or m["parent_header"].get("msg_id") != msg_id:
+        pass
+    client.control_channel.send(client.session.msg("interrupt_request", {}))
+    reply = client.get_shell_msg(timeout=60)
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+    assert deb_kernel.run("6 * 7").result == "42"
 
 
 def test_mpi4py_allreduce_on_container_engines_across_two_nodes(deb_kernel: JobKernel) -> None:

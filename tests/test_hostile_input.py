@@ -6,12 +6,14 @@ from __future__ import annotations
 import re
 import shlex
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jupyter_hpcai.engines.launch import plan
+from jupyter_hpcai.envs import EnvStore
 from jupyter_hpcai.envs.recipe import parse_recipe
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.magics import hpc_parser, parse, run_parser
@@ -121,4 +123,22 @@ def test_recipes(data: dict[str, object], with_name: bool) -> None:
         raise
     assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", recipe.name)
     assert all("\n" not in v for v in recipe.build_env.values())
+    TALLY["accepted"] += 1
+
+
+@settings(max_examples=CASES // 3, deadline=None)
+@given(TEXT)
+def test_env_names(name: str) -> None:
+    """An env name (from `--name`, a recipe or a kernelspec) becomes a folder, a kernel and a container name."""
+    store = EnvStore(Path("/nonexistent/envs"))
+    try:
+        env = store.env(name)
+    except HPCAIError as err:
+        assert err.message and err.hint
+        TALLY["rejected"] += 1
+        return
+    except Exception:
+        TALLY["crashed"] += 1
+        raise
+    assert env.dir.parent == store.root and env.dir.name == name and name not in (".", "..")
     TALLY["accepted"] += 1

@@ -27,6 +27,7 @@ import shutil
 import sys
 import tarfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,16 +75,12 @@ class Settings:
     - ``UDOCKER_DIR``: where udocker keeps images and containers (udocker's default: ~/.udocker);
     - ``HPCAI_UDOCKER_MODE``: the execution mode (P1: proot with seccomp; P2, R1... see udocker's manual);
     - every ``UDOCKER_*`` variable (``UDOCKER_USE_PROOT_EXECUTABLE``, ``UDOCKER_TARBALL``...) is udocker's own
-      configuration, passed on as is;
-    - ``HPCAI_CONTAINER_SLURM_PATHS``: colon-separated host paths the Slurm client needs inside the container
-      (default: SLURM_CONF's folder, the usual config, plugin and munge locations, and the PMIx library that
-      ``srun --mpi=pmix`` loads, where they exist).
+      configuration, passed on as is.
     """
 
     udocker: str
     mode: str = "P1"
     variables: dict[str, str] = field(default_factory=dict)
-    slurm_paths: list[str] = field(default_factory=list)
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None, mode: str | None = None) -> Settings:
@@ -98,13 +95,7 @@ class Settings:
         if mode not in MODES:
             raise HPCAIError(f"unknown udocker execution mode '{mode}'", f"use one of: {', '.join(MODES)}")
         variables = {k: v for k, v in env.items() if k.startswith("UDOCKER_")}
-        if "HPCAI_CONTAINER_SLURM_PATHS" in env:
-            slurm_paths = [p for p in env["HPCAI_CONTAINER_SLURM_PATHS"].split(":") if p]
-        else:
-            conf_dir = str(Path(env.get("SLURM_CONF", "/etc/slurm/slurm.conf")).parent)
-            pmix = [str(p) for p in Path("/usr/lib").glob("*/pmix*/lib/libpmix.so")]  # srun --mpi=pmix dlopens it
-            slurm_paths = sorted({p for p in (conf_dir, *SLURM_PATHS, *pmix) if Path(p).exists()})
-        return cls(str(Path(udocker).absolute()), mode, variables, slurm_paths)
+        return cls(str(Path(udocker).absolute()), mode, variables)
 
     @property
     def base(self) -> list[str]:
@@ -152,22 +143,18 @@ class Container:
             raise HPCAIError(f"build {build.prefix} is not a container env", "use it as a conda env")
         s = m["udocker"]
         return cls(build, m["name"], m["container"], m["source"], m["python"], m["binds"],
-                   Settings(s["udocker"], s["mode"], s["variables"], s["slurm_paths"]), m["inside"])
+                   Settings(s["udocker"], s["mode"], s["variables"]), m["inside"])
 
-    def run_argv(self, extra_binds: list[str] = ()) -> list[str]:  # type: ignore[assignment]
+    def run_argv(self, extra_binds: Sequence[str] = ()) -> list[str]:
         """``udocker run`` up to the command: host env and identity, home, /tmp, Slurm client, our code."""
         import jupyter_hpcai
 
-        binds = [str(Path.home()), "/tmp", str(Path.cwd()), *self.binds, *extra_binds, *self.settings.slurm_paths,
+        binds = [str(Path.home()), "/tmp", str(Path.cwd()), *self.binds, *extra_binds, *slurm_paths(),
                  f"/:{HOST}", f"{self.build.prefix / 'hostbin'}:{HOST_BIN}",
                  f"{Path(jupyter_hpcai.__file__).parent}:{LIB}/jupyter_hpcai"]
-        seen: list[str] = []
-        for b in binds:
-            if b not in seen:
-                seen.append(b)
         path = [HOST_BIN, *([str(Path(self.python).parent)] if self.python.startswith("/") else []), SYSTEM_PATH]
         return [*self.settings.base, "run", "--nobanner", "--hostenv", "--hostauth",
-                *(f"--volume={b}" for b in seen), f"--workdir={Path.cwd()}",
+                *(f"--volume={b}" for b in dict.fromkeys(binds)), f"--workdir={Path.cwd()}",
                 f"--env=PATH={':'.join(path)}", f"--env=PYTHONPATH={LIB}", self.container]
 
     def environ(self, base: dict[str, str]) -> dict[str, str]:
@@ -177,6 +164,20 @@ class Container:
                                              "mpi": self.inside.get("mpi"), "name": self.name})
         env["HPCAI_HOST_MPI"] = mpi.host_version() or ""
         return env
+
+
+def slurm_paths(environ: dict[str, str] | None = None) -> list[str]:
+    """Host paths the Slurm client needs inside the container, found on the node it runs on.
+
+    ``HPCAI_CONTAINER_SLURM_PATHS`` (colon-separated) when set; else SLURM_CONF's folder, the usual
+    config, plugin and munge locations, and the PMIx library that ``srun --mpi=pmix`` loads, where they exist.
+    """
+    env = os.environ if environ is None else environ
+    if "HPCAI_CONTAINER_SLURM_PATHS" in env:
+        return [p for p in env["HPCAI_CONTAINER_SLURM_PATHS"].split(":") if p]
+    conf_dir = str(Path(env.get("SLURM_CONF", "/etc/slurm/slurm.conf")).parent)
+    pmix = [str(p) for p in Path("/usr/lib").glob("*/pmix*/lib/libpmix.so")]
+    return sorted({p for p in (conf_dir, *SLURM_PATHS, *pmix) if Path(p).exists()})
 
 
 def is_container(env: Env) -> bool:
@@ -218,8 +219,7 @@ def _write_wrappers(folder: Path) -> None:
 
 
 def import_container(source: str, name: str, *, store: EnvStore | None = None, mode: str | None = None,
-                     python: str = "python3", binds: list[str] = (),  # type: ignore[assignment]
-                     settings: Settings | None = None) -> Container:
+                     python: str = "python3", binds: Sequence[str] = (), settings: Settings | None = None) -> Container:
     """Import ``source`` (a tarball path or a registry reference) as a new build of env ``name``."""
     settings = settings or Settings.from_environ(mode=mode)
     env = (store or EnvStore()).env(name)

@@ -12,8 +12,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import HPCAIError
+from .store import NAME_PATTERN
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 VAR_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 NoNewline = Annotated[str, Field(pattern=r"^[^\n\r\x00]*$", min_length=1)]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import secrets
 import shutil
 import time
@@ -25,6 +26,7 @@ from .. import paths
 from ..errors import HPCAIError
 
 META_DIR = ".hpcai"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"  # an env's name is a folder name, a kernel name, a container name
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,9 @@ class EnvStore:
         self.root = Path(root or paths.env_root()).absolute()
 
     def env(self, name: str) -> Env:
+        if not re.match(NAME_PATTERN, name):
+            raise HPCAIError(f"'{name}' is not a valid env name",
+                             "use up to 64 letters, digits, '.', '_' or '-', starting with a letter or digit")
         return Env(name, self.root)
 
     def get(self, name: str) -> Env:
