@@ -6,7 +6,9 @@ from __future__ import annotations
 import re
 import shlex
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -44,18 +46,31 @@ def tally(bench: list[str]):  # type: ignore[no-untyped-def]
                  f"and valid, {TALLY['crashed']} crashed")
 
 
-@settings(max_examples=CASES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.dictionaries(FIELDS, VALUE, max_size=7))
-def test_spawner_options(raw: dict[str, object]) -> None:
+T = TypeVar("T")
+
+
+def attempt(case: Callable[[], T], clear: Callable[[HPCAIError], bool] = lambda e: bool(e.message and e.hint)) -> T | None:
+    """One hostile case: its result, or None when it was rejected with a clear error (counted). Any other
+    exception is a crash: counted, and the test fails."""
     try:
-        options, profile = validate(raw, PROFILES, LIMITS, {"tf": "TF"})
-    except OptionsError as err:
-        assert err.errors and all(isinstance(m, str) and m for m in err.errors.values())
+        return case()
+    except HPCAIError as err:
+        assert clear(err), err
         TALLY["rejected"] += 1
-        return
+        return None
     except Exception:
         TALLY["crashed"] += 1
         raise
+
+
+@settings(max_examples=CASES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(FIELDS, VALUE, max_size=7))
+def test_spawner_options(raw: dict[str, object]) -> None:
+    valid = attempt(lambda: validate(raw, PROFILES, LIMITS, {"tf": "TF"}),
+                    lambda e: isinstance(e, OptionsError) and all(isinstance(m, str) and m for m in e.errors.values()))
+    if valid is None:
+        return
+    options, profile = valid
     script = render(options, profile, user="alice", homedir="/home/alice", keepvars="PATH,JUPYTERHUB_API_TOKEN",
                     cmd=["/venv/bin/jupyterhub-singleuser"])
     sbatch = [ln for ln in script.splitlines() if ln.startswith("#SBATCH")]
@@ -77,15 +92,9 @@ WORDS = st.sampled_from(["start", "stop", "restart", "status", "panel", "-n", "-
 def test_magic_arguments(words: list[str], cell_magic: bool) -> None:
     line = " ".join(words)
     parser = run_parser("%%horovod_run") if cell_magic else hpc_parser()
-    try:
-        args = parse(parser, line)
-    except HPCAIError as err:
-        assert err.message
-        TALLY["rejected"] += 1
+    args = attempt(lambda: parse(parser, line), lambda e: bool(e.message))
+    if args is None:
         return
-    except Exception:
-        TALLY["crashed"] += 1
-        raise
     if not cell_magic and args.command == "start":  # the layout check is the API's, against an allocation
         try:
             layout = plan(None, n=args.n, nodes=args.nodes, gpus_per_node=args.gpus_per_node, launcher=args.launcher)
@@ -112,15 +121,9 @@ def test_recipes(data: dict[str, object], with_name: bool) -> None:
 
     if with_name:
         data = {"name": "x", **data}
-    try:
-        recipe = parse_recipe(yaml.safe_dump(data))
-    except HPCAIError as err:
-        assert err.message and err.hint
-        TALLY["rejected"] += 1
+    recipe = attempt(lambda: parse_recipe(yaml.safe_dump(data)))
+    if recipe is None:
         return
-    except Exception:
-        TALLY["crashed"] += 1
-        raise
     assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", recipe.name)
     assert all("\n" not in v for v in recipe.build_env.values())
     TALLY["accepted"] += 1
@@ -131,14 +134,8 @@ def test_recipes(data: dict[str, object], with_name: bool) -> None:
 def test_env_names(name: str) -> None:
     """An env name (from `--name`, a recipe or a kernelspec) becomes a folder, a kernel and a container name."""
     store = EnvStore(Path("/nonexistent/envs"))
-    try:
-        env = store.env(name)
-    except HPCAIError as err:
-        assert err.message and err.hint
-        TALLY["rejected"] += 1
+    env = attempt(lambda: store.env(name))
+    if env is None:
         return
-    except Exception:
-        TALLY["crashed"] += 1
-        raise
     assert env.dir.parent == store.root and env.dir.name == name and name not in (".", "..")
     TALLY["accepted"] += 1
