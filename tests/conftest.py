@@ -186,6 +186,9 @@ class JobKernel:
         self.job_id = job_id
         self.client = BlockingKernelClient()
         self.client.load_connection_file(str(connection_file))
+        # no KernelManager here: "alive" is the heartbeat, and a kernel starting slowly (a loaded machine, or
+        # python in proot) must not count as dead after the default 1 s without a beat
+        self.client.hb_channel.time_to_dead = 30.0
         self.client.start_channels()
         self.client.wait_for_ready(timeout=120)
         self.pid = int(self.run("import os; os.getpid()").result or 0)
@@ -208,9 +211,10 @@ class JobKernel:
 
 
 @contextmanager
-def kernel_in_job(env: Env, work: Path, sbatch_args: tuple[str, ...] = ("-N2", "--ntasks-per-node=2",
-                                                                       "--gpus-per-node=2")) -> Iterator[JobKernel]:
-    """A notebook kernel in ``env`` (through the hpcai-env provisioner), inside a dev-cluster job."""
+def kernel_in_job(env: Env, work: Path, sbatch_args: tuple[str, ...] = ("-N2", "--ntasks-per-node=2", "--gpus-per-node=2"),
+                  environ: dict[str, str] | None = None) -> Iterator[JobKernel]:
+    """A notebook kernel in ``env`` (through the hpcai-env provisioner), inside a dev-cluster job (the job's
+    environment: this process's, updated with ``environ``)."""
     import sys
 
     from jupyter_hpcai import kernelspec, slurm
@@ -221,7 +225,7 @@ def kernel_in_job(env: Env, work: Path, sbatch_args: tuple[str, ...] = ("-N2", "
     job = slurm.sbatch([*sbatch_args, "--time=00:45:00", f"--output={work}/job.out",
                         "--wrap", f"{Path(sys.executable).parent}/jupyter-kernel --kernel={kernelspec.kernel_name(env)} "
                                   f"--KernelManager.connection_file={connection}"],
-                       env={**os.environ, "JUPYTER_PATH": str(work / "share" / "jupyter")})
+                       env={**os.environ, **(environ or {}), "JUPYTER_PATH": str(work / "share" / "jupyter")})
     try:
         wait_until(connection.exists, timeout=300, what=f"the kernel of job {job} to write its connection file")
         kernel = JobKernel(connection, job)

@@ -170,9 +170,9 @@ def test_interrupt_reaches_the_kernel_inside(deb_kernel: JobKernel, deb: Env) ->
 
     assert kernelspec.render(deb)["interrupt_mode"] == "message"
     client = deb_kernel.client
-    msg_id = client.execute("import time\ntime.sleep(300)")
-    while not (m := client.get_iopub_msg(timeout=60))["msg_type"] == "execute_input" \
-            or m["parent_header"].get("msg_id") != msg_id:
+    msg_id = client.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(300)")
+    while not ((m := client.get_iopub_msg(timeout=60))["msg_type"] == "stream"  # the cell runs: interrupt it now
+               and m["parent_header"].get("msg_id") == msg_id):
         pass
     client.control_channel.send(client.session.msg("interrupt_request", {}))
     reply = client.get_shell_msg(timeout=60)
@@ -243,3 +243,44 @@ def test_container_vs_native_training_throughput(devcluster, tf_container: Conta
     assert native > 0 and inside > 0
     bench.append(f"training throughput, 2 ranks on 2 nodes: udocker P1 container / native = {inside / native:.2f} "
                  f"({inside:.1f} vs {native:.1f} images/sec)")
+
+
+def test_a_researcher_without_root(devcluster, image: Path) -> None:  # type: ignore[no-untyped-def]
+    """The path as an unprivileged user (no --allow-root, udocker in her own folder): import, a kernel in a
+    2-node job, 4 container ranks and an mpi4py allreduce."""
+    import pwd
+    import shutil
+    import tempfile
+
+    from jupyter_hpcai.demo import ensure_user
+
+    user = "hpcai-alice"
+    ensure_user(user)
+    home = pwd.getpwnam(user).pw_dir
+    work = Path(tempfile.mkdtemp(prefix="hpcai-container-user-"))  # not under pytest's root-only tmp
+    shutil.chown(work, user, user)
+    environ = {"HOME": home, "USER": user, "LOGNAME": user, "HPCAI_ENV_ROOT": str(work / "envs"),
+               "UDOCKER_DIR": str(work / "udocker"), "UDOCKER_TARBALL": "",
+               "UDOCKER_USE_PROOT_EXECUTABLE": str(REPO / "tests" / "proot-drop-k"), "HPCAI_UDOCKER": "",
+               "SLURM_CONF": os.environ["SLURM_CONF"], "PATH": "/usr/bin:/bin"}
+    try:
+        done = subprocess.run(["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "env", "-i",
+                               *(f"{k}={v}" for k, v in environ.items()),
+                               HPCAI, "env", "import-container", str(image), "--name", "mine"],
+                              capture_output=True, text=True, timeout=600, cwd=work)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "--allow-root" not in (work / "envs" / "mine" / "current" / ".hpcai" / "manifest.json").read_text()
+        env = EnvStore(work / "envs").env("mine")
+        with kernel_in_job(env, work, ("-N2", "--ntasks-per-node=2", "--gpus-per-node=2", f"--uid={user}",
+                                       f"--gid={user}", f"--chdir={work}"), environ) as kernel:
+            who = kernel.run("import os, pwd; pwd.getpwuid(os.getuid()).pw_name")
+            assert who.result == repr(user)
+            assert kernel.run("%load_ext jupyter_hpcai").status == "ok"
+            start = kernel.run("%hpc start")
+            assert start.status == "ok", start.error
+            cell = kernel.run("import jupyter_hpcai.engines as E\n"
+                              "E.current().view().apply_sync(lambda: __import__('mpi4py.MPI').MPI.COMM_WORLD.allreduce(1))")
+            assert cell.result == "[4, 4, 4, 4]", cell.error
+            kernel.run("%hpc stop")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

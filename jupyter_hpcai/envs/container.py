@@ -30,6 +30,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from subprocess import CompletedProcess
 from typing import Any
 
 from .. import mpi
@@ -105,7 +106,7 @@ class Settings:
     def environ(self, base: dict[str, str] | None = None) -> dict[str, str]:
         return {**(os.environ if base is None else base), **self.variables}
 
-    def udocker_run(self, args: list[str], timeout: float = 600, check: bool = True) -> Any:
+    def udocker_run(self, args: list[str], timeout: float = 600, check: bool = True) -> CompletedProcess[str]:
         return run([*self.base, *args], env=self.environ(), timeout=timeout, check=check)
 
 
@@ -153,7 +154,7 @@ class Container:
                  f"/:{HOST}", f"{self.build.prefix / 'hostbin'}:{HOST_BIN}",
                  f"{Path(jupyter_hpcai.__file__).parent}:{LIB}/jupyter_hpcai"]
         path = [HOST_BIN, *([str(Path(self.python).parent)] if self.python.startswith("/") else []), SYSTEM_PATH]
-        return [*self.settings.base, "run", "--nobanner", "--hostenv", "--hostauth",
+        return [*self.settings.base, "run", "--nobanner", "--hostenv", "--hostauth", f"--user={os.getuid()}:{os.getgid()}",
                 *(f"--volume={b}" for b in dict.fromkeys(binds)), f"--workdir={Path.cwd()}",
                 f"--env=PATH={':'.join(path)}", f"--env=PYTHONPATH={LIB}", self.container]
 
@@ -277,7 +278,7 @@ def _get_image(settings: Settings, source: str, tag: str) -> str:
             return loaded[-1]
         settings.udocker_run(["import", str(path.absolute()), tag], timeout=1800)
         return tag
-    if "/" in source and (source.startswith((".", "/", "~")) or source.endswith((".tar", ".tar.gz", ".tgz"))):
+    if source.startswith((".", "/", "~")) or source.endswith((".tar", ".tar.gz", ".tgz")):
         raise HPCAIError(f"no image tarball at {source}", "give an existing file, or a registry reference such as "
                          "docker.io/library/debian:bookworm")
     done = settings.udocker_run(["pull", source], timeout=3600, check=False)
@@ -326,8 +327,8 @@ def discard(build: Build) -> None:
     if manifest.get("kind") == "container":
         settings = Container.of(build).settings
         settings.udocker_run(["rm", "-f", manifest["container"]], check=False)
-        if manifest.get("image", "").startswith("hpcai-"):
-            settings.udocker_run(["rmi", "-f", manifest["image"]], check=False)
+        if manifest["image"] == f"hpcai-{manifest['name'].lower()}:{build.id}":  # imported here; pulls stay cached
+            settings.udocker_run(["rmi", manifest["image"]], check=False)
     shutil.rmtree(build.prefix, ignore_errors=True)
 
 
