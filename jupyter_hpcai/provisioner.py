@@ -41,8 +41,8 @@ class HPCAIEnvProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         kwargs = await super().pre_launch(**kwargs)
-        env = EnvStore(Path(self.env_root) if self.env_root else None).env(self.env)
         try:
+            env = EnvStore(Path(self.env_root) if self.env_root else None).env(self.env)
             if is_container(env):
                 return self._in_container(Container.current(env), kwargs)
             build, environ = activated(env, kwargs.get("env") or {})
