@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Mapping
 
 from .proc import run
 
 
-def host_version() -> str | None:
-    """The first line of this node's ``mpirun --version`` (None without mpirun)."""
-    exe = shutil.which("mpirun")
+def host_version(env: Mapping[str, str] | None = None) -> str | None:
+    """The first line of ``mpirun --version`` on this node, with ``env``'s PATH (None without a working mpirun)."""
+    exe = shutil.which("mpirun", path=env.get("PATH") if env is not None else None)
     if exe is None:
         return None
-    out = run([exe, "--version"], check=False, timeout=60).stdout.strip()
-    return out.splitlines()[0].strip() if out else None
+    done = run([exe, "--version"], env=env, check=False, timeout=60)
+    lines = done.stdout.strip().splitlines()
+    return lines[0].strip() if done.returncode == 0 and lines else None
 
 
 def mismatch(inside: str | None, host: str | None) -> str | None:

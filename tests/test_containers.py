@@ -55,9 +55,10 @@ def deb(udocker: dict[str, str], image: Path, env_store: EnvStore) -> Env:
     return env_store.env("deb")
 
 
-def _cli(*args: str, store: EnvStore) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, store: EnvStore, variables: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The real `hpcai` command on ``store`` (errors go to stdout, as the CLI prints them)."""
     return subprocess.run([HPCAI, *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "HPCAI_ENV_ROOT": str(store.root)})
+                          env={**os.environ, **(variables or {}), "HPCAI_ENV_ROOT": str(store.root)})
 
 
 def test_import_list_check_and_a_failed_reimport_keeps_the_env(deb: Env, image: Path, env_store: EnvStore) -> None:
@@ -112,9 +113,7 @@ def test_docker_save_tarball_is_loaded_and_remove_cleans_up(udocker: dict[str, s
 ])
 def test_import_errors_name_the_fix(udocker: dict[str, str], image: Path, env_store: EnvStore, args: list[str],
                                     variables: dict[str, str], message: str, fix: str) -> None:
-    done = subprocess.run([HPCAI, "env", "import-container", str(image), "--name", "broken", *args],
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **variables, "HPCAI_ENV_ROOT": str(env_store.root)})
+    done = _cli("env", "import-container", str(image), "--name", "broken", *args, store=env_store, variables=variables)
     assert done.returncode != 0 and message in done.stdout and fix in done.stdout, done.stdout
     assert "Traceback" not in done.stdout + done.stderr and env_store.env("broken").current() is None
 

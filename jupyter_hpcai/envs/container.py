@@ -44,9 +44,11 @@ HOST_BIN = "/.hpcai/bin"  # wrappers that run the host's srun, scontrol... insid
 LIB = "/.hpcai/lib"  # jupyter_hpcai's own code, so kernel and ranks run the same version as the host
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the image's PATH
 SLURM_CLIENT = ("srun", "scontrol", "squeue", "sinfo", "scancel", "sbatch")
-# Where Slurm clients find their plugins, config and munge socket on common installations.
-SLURM_PATHS = ("/etc/slurm", "/etc/slurm-llnl", "/run/munge", "/var/run/munge", "/usr/lib64/slurm",
-               "/usr/lib/slurm", "/usr/lib/x86_64-linux-gnu/slurm-wlm", "/usr/lib/x86_64-linux-gnu/slurm")
+# Where Slurm clients find their libraries and plugins, config and munge socket on common installations.
+SLURM_LIBS = ("/usr/lib64/slurm", "/usr/lib/slurm", "/usr/lib/x86_64-linux-gnu/slurm-wlm", "/usr/lib/x86_64-linux-gnu/slurm")
+SLURM_PATHS = ("/etc/slurm", "/etc/slurm-llnl", "/run/munge", "/var/run/munge", *SLURM_LIBS)
+SYSTEM_LIBS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
+               "/lib64", "/usr/lib64")
 _LOOK_INSIDE = r"""
 import json, shutil, subprocess, sys
 from importlib import metadata
@@ -207,9 +209,7 @@ def _write_wrappers(folder: Path) -> None:
     """sh wrappers that run the host's Slurm client from inside the container (see the module doc)."""
     folder.mkdir()
     loader = next((p for p in ("/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1") if Path(p).exists()), None)
-    lib_dirs = [d for d in (*SLURM_PATHS, "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu",
-                            "/usr/lib/aarch64-linux-gnu", "/lib64", "/usr/lib64") if "etc" not in d and "munge" not in d]
-    libs = ":".join(f"$H{d}" for d in lib_dirs if Path(d).is_dir())
+    libs = ":".join(f"$H{d}" for d in (*SLURM_LIBS, *SYSTEM_LIBS) if Path(d).is_dir())
     for name in SLURM_CLIENT:
         exe = shutil.which(name)
         if exe is None or loader is None:

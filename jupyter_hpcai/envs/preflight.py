@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import mpi
 from ..errors import HPCAIError
 from ..proc import run
 from . import activate
@@ -69,7 +70,7 @@ def site_facts(env: dict[str, str]) -> dict[str, Any]:
         "partition": env.get("SLURM_JOB_PARTITION"), "gpus": gpus or ([smi] if smi else []),
         "compiler": _line([env.get("CC", "gcc"), "-dumpfullversion"], env),
         "cmake": _line(["cmake", "--version"], env),
-        "mpi": _line(["mpirun", "--version"], env), "mpicc": shutil.which("mpicc", path=env.get("PATH")),
+        "mpi": mpi.host_version(env), "mpicc": shutil.which("mpicc", path=env.get("PATH")),
         "cuda": _line(["nvcc", "--version"], env, last=True),
     }
 
