@@ -21,6 +21,13 @@ from .envs.store import Env
 from .errors import HPCAIError
 
 console = Console(soft_wrap=True)  # long paths and messages stay on one line
+
+
+def _say(line: str) -> None:
+    """Print a line of someone else's text as is (no rich markup: "[ok]" stays "[ok]")."""
+    console.print(line, highlight=False, markup=False)
+
+
 state_dir_option = click.option(
     "--state-dir", type=click.Path(path_type=Path), default=None,
     help="Where the dev cluster keeps its files [default: $HPCAI_DEVCLUSTER_DIR or /var/lib/hpcai/devcluster].",
@@ -242,11 +249,12 @@ def env_check(name: str) -> None:
 @click.argument("name")
 def env_remove(name: str) -> None:
     """Remove an env and all its builds (a container env's udocker containers too)."""
-    target = EnvStore().get(name)
+    store = EnvStore()
+    target = store.get(name)
     if container.is_container(target):
         container.remove(target)
     else:
-        EnvStore().remove(name)
+        store.remove(name)
     console.print(f"env '{name}' removed")
 
 
@@ -334,7 +342,7 @@ def bench_resnet50(env_name: str, framework: str, partition: str | None, nodes: 
     code = submit_resnet50(EnvStore().get(env_name), results.absolute(), train, partition=partition, nodes=nodes,
                            gpus_per_node=gpus_per_node, tasks_per_node=tasks_per_node or max(gpus_per_node, 1),
                            ranks=ranks, time_limit=time_limit, framework=framework,
-                           on_line=lambda line: console.print(line, highlight=False, markup=False))
+                           on_line=_say)
     if code:
         raise HPCAIError(f"the benchmark job failed (exit status {code})", "see its output above")
 
@@ -353,7 +361,7 @@ def bench_overhead(env_name: str, partition: str | None, nodes: int, gpus_per_no
 
     code = submit_overhead(EnvStore().get(env_name), results.absolute(), partition=partition, nodes=nodes,
                            gpus_per_node=gpus_per_node, time_limit=time_limit,
-                           on_line=lambda line: console.print(line, highlight=False, markup=False))
+                           on_line=_say)
     if code:
         raise HPCAIError(f"the overhead job failed (exit status {code})", "see its output above")
 
@@ -364,13 +372,12 @@ def demo(check: bool) -> None:
     """The main job: dev cluster, tf-horovod-cpu env and kernel, a hub with a demo user."""
     from .demo import DEMO_USER, check as walk, prepare
 
-    say = lambda line: console.print(line, highlight=False, markup=False)  # noqa: E731
-    hub = prepare(say)
+    hub = prepare(_say)
     console.print(f"\n[bold]JupyterHub: {hub.url}[/]  (reach it with: ssh -L 8000:127.0.0.1:{hub.port} this-host)")
     console.print(f"[bold]login:[/] {DEMO_USER}   [bold]password:[/] {hub.password}   (hub log: {hub.log})")
     console.print("Pick the profile '2 nodes x 2 GPUs', open examples/demo.ipynb, run the cells.")
     if check:
-        failed = walk(hub, say)
+        failed = walk(hub, _say)
         if failed:
             raise HPCAIError(f"{failed} step(s) of the check failed", f"see the hub log: {hub.log}")
         console.print("[green]the whole path works[/]")

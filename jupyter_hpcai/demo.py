@@ -72,19 +72,7 @@ class HubProcess:
             return False
 
     def api(self, method: str, path: str, body: Any = None, token: str | None = None) -> tuple[int, Any]:
-        req = urllib.request.Request(f"{self.url}/hub/api{path}", method=method,
-                                     data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Authorization": f"token {token or self.token}"})
-        try:
-            with urllib.request.urlopen(req, timeout=120) as resp:
-                raw = resp.read()
-                return resp.status, json.loads(raw) if raw else None
-        except urllib.error.HTTPError as err:
-            raw = err.read()
-            try:
-                return err.code, json.loads(raw)
-            except ValueError:
-                return err.code, {"message": raw.decode(errors="replace")}
+        return request(f"{self.url}/hub/api{path}", token or self.token, method, body)
 
     def server(self, user: str) -> dict[str, Any] | None:
         return self.api("GET", f"/users/{user}")[1]["servers"].get("")
@@ -107,6 +95,22 @@ class HubProcess:
         if status != 201:
             raise HPCAIError(f"could not create a token for {user}: {body}")
         return str(body["token"])
+
+
+def request(url: str, token: str, method: str = "GET", body: Any = None) -> tuple[int, Any]:
+    """A JSON request with a token header (never in the URL): (status, decoded body; {"message": text} when not JSON)."""
+    req = urllib.request.Request(url, method=method, data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            raw = resp.read()
+            return resp.status, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as err:
+        raw = err.read()
+        try:
+            return err.code, json.loads(raw)
+        except ValueError:
+            return err.code, {"message": raw.decode(errors="replace")}
 
 
 async def execute(base_url: str, token: str, kernel_id: str, code: str, timeout: float = 60) -> dict[str, Any]:
@@ -227,7 +231,7 @@ def check(hub: HubProcess, say: Say) -> int:
         hub.wait_ready(DEMO_USER)
         step("server ready", True, "a Slurm job on n1 and n2")
         base, token = f"{hub.url}/user/{DEMO_USER}", hub.user_token(DEMO_USER)
-        kernel = _request(base, token, "POST", "/api/kernels", {"name": "hpcai-tf-horovod-cpu"})
+        kernel = request(f"{base}/api/kernels", token, "POST", {"name": "hpcai-tf-horovod-cpu"})[1] or {}
         step("open a kernel from the tf-horovod-cpu env", "id" in kernel, kernel.get("message", ""))
         if "id" not in kernel:
             return failures
@@ -235,19 +239,8 @@ def check(hub: HubProcess, say: Say) -> int:
             result = asyncio.run(execute(base, token, kernel["id"], code, timeout=600))
             out = result["stdout"].strip().splitlines()
             step(name, result["status"] == "ok", (out[-1] if out else "") if result["status"] == "ok" else str(result["error"]))
-        _request(base, token, "DELETE", f"/api/kernels/{kernel['id']}")
+        request(f"{base}/api/kernels/{kernel['id']}", token, "DELETE")
     finally:
         hub.stop_server(DEMO_USER)
         step("stop the server (the job is gone)", True)
     return failures
-
-
-def _request(base: str, token: str, method: str, path: str, body: Any = None) -> dict[str, Any]:
-    req = urllib.request.Request(f"{base}{path}", method=method, data=json.dumps(body).encode() if body else None,
-                                 headers={"Authorization": f"token {token}"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            raw = resp.read()
-            return json.loads(raw) if raw else {}
-    except urllib.error.HTTPError as err:
-        return {"message": err.read().decode(errors="replace"), "status": err.code}

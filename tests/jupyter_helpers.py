@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import secrets
 import socket
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jupyter_hpcai.demo import execute as run_code
+from jupyter_hpcai.demo import request
 from jupyter_hpcai.proc import wait_until
 
 
@@ -31,13 +30,7 @@ class Server:
     log: Path
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-        req = urllib.request.Request(f"{self.url}{path}", method=method, data=json.dumps(body).encode() if body else None,
-                                     headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=120) as resp:
-                return resp.status, json.loads(resp.read() or b"null")
-        except urllib.error.HTTPError as err:
-            return err.code, json.loads(err.read() or b"null")
+        return request(f"{self.url}{path}", self.token, method, body)
 
 
 @contextmanager
@@ -71,6 +64,4 @@ def _answers(server: Server) -> bool:
 
 async def execute(server: Server, kernel_id: str, code: str, timeout: float = 60) -> dict[str, Any]:
     """Run ``code`` in a server's kernel over its websocket: {"status", "stdout", "error"}."""
-    from jupyter_hpcai.demo import execute as run_code
-
     return await run_code(server.url, server.token, kernel_id, code, timeout)

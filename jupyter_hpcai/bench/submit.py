@@ -13,20 +13,28 @@ from ..envs.store import Env
 from .resnet50 import report
 
 
+def _run_job(env: Env, results: Path, module: str, args: list[str], *, name: str, partition: str | None, nodes: int,
+             gpus_per_node: int, tasks_per_node: int, time_limit: str, on_line: Callable[[str], None]) -> int:
+    """``python -m module args`` of the env's build as one job; stream its output; return its exit code."""
+    build, environ = activated(env)
+    results.mkdir(parents=True, exist_ok=True)
+    log = results / f"{name}-job-%j.out"
+    sbatch = [f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}", f"--time={time_limit}", f"--output={log}",
+              f"--job-name=hpcai-{name}"]
+    sbatch += [f"--gpus-per-node={gpus_per_node}"] * bool(gpus_per_node) + [f"--partition={partition}"] * bool(partition)
+    job = slurm.sbatch([*sbatch, "--wrap", f"exec {shlex.join([str(build.python), '-m', module, *args])}"], env=environ)
+    output = Path(str(log).replace("%j", str(job)))
+    on_line(f"{name} job {job}; output: {output}")
+    return slurm.follow_output(job, output, on_line)
+
+
 def submit_resnet50(env: Env, results: Path, train_args: list[str], *, partition: str | None, nodes: int,
                     gpus_per_node: int, tasks_per_node: int, ranks: str | None, time_limit: str,
                     on_line: Callable[[str], None], framework: str = "horovod") -> int:
-    build, environ = activated(env)
-    results.mkdir(parents=True, exist_ok=True)
-    log = results / "job-%j.out"
-    args = [f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}", f"--time={time_limit}", f"--output={log}",
-            "--job-name=hpcai-bench"]
-    args += [f"--gpus-per-node={gpus_per_node}"] * bool(gpus_per_node) + [f"--partition={partition}"] * bool(partition)
-    cmd = [str(build.python), "-m", "jupyter_hpcai.bench.resnet50", str(results), "--framework", framework]
-    cmd += ["--ranks", ranks] if ranks else []
-    job = slurm.sbatch([*args, "--wrap", f"exec {shlex.join([*cmd, '--', *train_args])}"], env=environ)
-    on_line(f"benchmark job {job}; output: {str(log).replace('%j', str(job))}")
-    code = slurm.follow_output(job, Path(str(log).replace("%j", str(job))), on_line)
+    """Run bench/resnet50.py in one job; write results.json, results.md and scaling.png in ``results``."""
+    args = [str(results), "--framework", framework, *(["--ranks", ranks] if ranks else []), "--", *train_args]
+    code = _run_job(env, results, "jupyter_hpcai.bench.resnet50", args, name="bench", partition=partition, nodes=nodes,
+                    gpus_per_node=gpus_per_node, tasks_per_node=tasks_per_node, time_limit=time_limit, on_line=on_line)
     if code == 0:
         raw = json.loads((results / "rows.json").read_text())
         paths = report(raw["rows"], results, raw["machine"], raw["settings"])
@@ -40,17 +48,9 @@ def submit_overhead(env: Env, results: Path, *, partition: str | None, nodes: in
     """Run bench/overhead.py in one job; write overhead.json and overhead.md in ``results``."""
     from .overhead import report as overhead_report
 
-    build, environ = activated(env)
-    results.mkdir(parents=True, exist_ok=True)
-    log = results / "overhead-job-%j.out"
-    args = [f"--nodes={nodes}", f"--ntasks-per-node={max(gpus_per_node, 1)}", f"--time={time_limit}",
-            f"--output={log}", "--job-name=hpcai-overhead"]
-    args += [f"--gpus-per-node={gpus_per_node}"] * bool(gpus_per_node) + [f"--partition={partition}"] * bool(partition)
-    cmd = [str(build.python), "-m", "jupyter_hpcai.bench.overhead", str(results), env.name, str(env.root)]
-    job = slurm.sbatch([*args, "--wrap", f"exec {shlex.join(cmd)}"], env=environ)
-    output = Path(str(log).replace("%j", str(job)))
-    on_line(f"overhead job {job}; output: {output}")
-    code = slurm.follow_output(job, output, on_line)
+    code = _run_job(env, results, "jupyter_hpcai.bench.overhead", [str(results), env.name, str(env.root)],
+                    name="overhead", partition=partition, nodes=nodes, gpus_per_node=gpus_per_node,
+                    tasks_per_node=max(gpus_per_node, 1), time_limit=time_limit, on_line=on_line)
     if code == 0:
         table = overhead_report(json.loads((results / "overhead.json").read_text()))
         (results / "overhead.md").write_text(table)
