@@ -205,7 +205,10 @@ class JobKernel:
             elif kind == "execute_result":
                 cell.result = content["data"]["text/plain"]
 
-        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=hook)
+        # stop_on_error=False: ipykernel 7 aborts an execute request that reaches it in the instant after an error
+        # reply (its abort flag is cleared by a message it queues itself). A person never sends that fast; a test
+        # does, and would see 'aborted' for a cell that followed an error. Nothing is ever queued here anyway.
+        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=hook, stop_on_error=False)
         cell.status = reply["content"]["status"]
         return cell
 

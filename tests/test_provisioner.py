@@ -27,7 +27,8 @@ PROBE = "import os, sys; print(sys.prefix, os.environ['HPCAI_TEST_ACTIVATED'], o
 
 def _run(kc, code: str, timeout: float = 60) -> tuple[str, dict]:  # type: ignore[no-untyped-def]
     out: list[str] = []
-    reply = kc.execute_interactive(code, timeout=timeout, output_hook=lambda m: out.append(m["content"].get("text", ""))
+    reply = kc.execute_interactive(code, timeout=timeout, stop_on_error=False,  # see conftest JobKernel.run
+                                   output_hook=lambda m: out.append(m["content"].get("text", ""))
                                    if m["msg_type"] == "stream" else None)
     return "".join(out), reply["content"]
 
@@ -47,7 +48,7 @@ def test_kernel_sees_activation_and_module(kernel_env: Env) -> None:
         assert "opt/hpcai-test/bin" in path and "/opt/hpcai-test-module/bin" in path  # activate.d and module
 
         # interrupt a busy kernel
-        msg_id = kc.execute("import time; time.sleep(120)")
+        msg_id = kc.execute("import time; time.sleep(120)", stop_on_error=False)  # see conftest JobKernel.run
         wait_until(lambda: _busy(kc), timeout=30, what="the kernel to be busy")
         km.interrupt_kernel()
         reply = kc.get_shell_msg(timeout=30)
