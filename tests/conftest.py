@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,13 @@ _BENCH: list[str] = []
 def bench() -> list[str]:
     """Append benchmark lines here; they are printed at the end of the run (never asserted)."""
     return _BENCH
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A suite started in the background (``nohup ... &``) inherits SIGINT ignored, and so would every CLI it
+    starts: the Ctrl-C tests need it delivered, so the children get the default disposition back."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -60,6 +60,7 @@ def test_cancelling_a_build_job_keeps_the_old_env(devcluster, small_recipe: Path
     finally:
         if proc.poll() is None:
             proc.kill()
+            subprocess.run(["scancel", "--name=hpcai-build-cancelled"], timeout=30)  # no job outlives a failure
     job_id = output.split("build job ")[1].split()[0]
     assert "cancel build job" in output and f"cancelling job {job_id}" in output, output
     wait_until(lambda: slurm.job_info(job_id)["JobState"] in slurm.TERMINAL_STATES, timeout=60, what="the job to end")  # type: ignore[index]
