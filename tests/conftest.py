@@ -260,7 +260,7 @@ def job_lab(devcluster, tf_env: Env, tmp_path_factory: pytest.TempPathFactory) -
     import secrets
     import sys
 
-    from jupyter_helpers import free_port
+    from jupyter_helpers import Server, answers, free_port
     from jupyter_hpcai import kernelspec, slurm
     from jupyter_hpcai.proc import wait_until
 
@@ -278,8 +278,8 @@ def job_lab(devcluster, tf_env: Env, tmp_path_factory: pytest.TempPathFactory) -
                             "JUPYTERLAB_SETTINGS_DIR": str(work / "settings"), "IPYTHONDIR": str(work / "ipython")})
     lab = JobLab(f"http://127.0.0.1:{port}", token, work, job)
     try:
-        wait_until(lambda: "is running at" in (work / "lab.log").read_text() if (work / "lab.log").exists() else None,
-                   timeout=120, what=f"JupyterLab in job {job}")
+        wait_until(lambda: answers(Server(lab.url, token, work / "lab.log")), timeout=120,
+                   what=f"JupyterLab in job {job} to answer (its log: {work}/lab.log)")
         yield lab
     finally:
         subprocess.run(["scancel", str(job)], timeout=30, check=False)

@@ -44,7 +44,7 @@ def jupyter_server(tmp_path: Path, *, app: str = "jupyter_server", env: dict[str
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     server = Server(f"http://127.0.0.1:{port}", token, log)
     try:
-        wait_until(lambda: _answers(server) or proc.poll() is not None, timeout=90, what=f"{app} to answer")
+        wait_until(lambda: answers(server) or proc.poll() is not None, timeout=90, what=f"{app} to answer")
         assert proc.poll() is None, log.read_text()
         yield server
     finally:
@@ -55,7 +55,8 @@ def jupyter_server(tmp_path: Path, *, app: str = "jupyter_server", env: dict[str
             proc.kill()
 
 
-def _answers(server: Server) -> bool:
+def answers(server: Server) -> bool:
+    """The server answers HTTP (its log says "is running at" before it listens)."""
     try:
         return server.request("GET", "/api/status")[0] == 200
     except OSError:
