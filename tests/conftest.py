@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -238,12 +239,21 @@ def kernel_in_job(env: Env, work: Path, sbatch_args: tuple[str, ...] = ("-N2", "
                                   f"--KernelManager.connection_file={connection}"],
                        env={**os.environ, **(environ or {}), "JUPYTER_PATH": str(work / "share" / "jupyter")})
     try:
-        wait_until(connection.exists, timeout=300, what=f"the kernel of job {job} to write its connection file")
+        wait_until(lambda: _whole_json(connection), timeout=300,
+                   what=f"the kernel of job {job} to write its connection file")
         kernel = JobKernel(connection, job)
         yield kernel
         kernel.client.stop_channels()
     finally:
         subprocess.run(["scancel", str(job)], timeout=30, check=False)
+
+
+def _whole_json(path: Path) -> dict | None:  # type: ignore[type-arg]
+    """The file's JSON once it is there and completely written (it exists, empty, while it is written)."""
+    try:
+        return json.loads(path.read_text()) or None
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 @dataclass
