@@ -85,6 +85,23 @@ def test_stopped_slurmd_leaves_running_ranks_working(world: JobKernel, devcluste
     assert world.run("%%horovod_run\nhvd.size()").result == "2"
 
 
+def test_mpi_that_cannot_start_is_reported_in_its_own_words(world: JobKernel) -> None:
+    """A bad MPI setting makes every rank abort in hvd.init(): the cell shows what Open MPI and srun said
+    (not only 'engine died'), the kernel lives, and a restart with the setting fixed recovers."""
+    assert world.run("import os\nos.environ['OMPI_MCA_pml'] = 'no_such_pml'").status == "ok"  # the ranks inherit it
+    try:
+        assert world.run("%hpc restart").status == "ok"
+        cell = world.run("%%horovod_run\nhvd.size()", timeout=180)
+        assert cell.status == "error" and "initialising horovod failed" in cell.error
+        assert "the launcher said:" in cell.error and "no_such_pml" in cell.error, cell.error  # Open MPI's words
+        assert "MPI_Init" in cell.error and "srun: error:" in cell.error, cell.error
+        assert world.run("6 * 7").result == "42", "the notebook kernel lives on"
+    finally:
+        assert world.run("del os.environ['OMPI_MCA_pml']").status == "ok"
+    assert world.run("%hpc restart").status == "ok"
+    assert world.run("%%horovod_run\nhvd.size()").result == "2"
+
+
 def test_unwritable_manifest_fails_the_build_and_keeps_the_env(small_recipe: Path, env_store: EnvStore) -> None:
     """The manifest is written last, before `current` moves: if it cannot be written, nothing changes."""
     name = "readonly"

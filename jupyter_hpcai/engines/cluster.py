@@ -9,9 +9,11 @@ server extension can list them without a registry of its own.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import ipyparallel as ipp
@@ -20,11 +22,14 @@ from traitlets.config import Config
 from .. import slurm
 from ..allocation import Allocation
 from ..errors import HPCAIError
+from ..proc import wait_until
 from . import rankside
 from .frameworks import FRAMEWORKS
 from .launch import Layout, launcher_config, plan
 
 Progress = Callable[[int, int], None]  # (engines registered, engines wanted)
+# Routine lines in the launcher's output: ipyparallel's logs short of errors, TensorFlow's start-up notices.
+_ROUTINE = re.compile(r"\[(IPEngine|KernelNanny)[.\d]*\] (?!ERROR|CRITICAL)|: I tensorflow/|^To enable the following")
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,21 @@ class Engines:
         except Exception:  # psutil.NoSuchProcess: already reaped
             return False
 
+    def launcher_report(self, lines: int = 24, wait: float = 10) -> str:
+        """After ranks died: the last lines the launcher printed, less routine logs and repeats, once it has
+        exited (at most ``wait`` s): srun's word on dead tasks (``srun: error: n2: task 3: Killed``) and what
+        ranks wrote to stderr before dying (an MPI abort)."""
+        if self.cluster is None:
+            return ""
+        launchers = list(self.cluster.engines.values())
+        try:
+            wait_until(lambda: all(ln.state == "after" for ln in launchers), timeout=wait, what="the launcher to exit")
+        except HPCAIError:
+            pass  # report what it said so far
+        said = [ln.rstrip() for launcher in launchers for ln in _output(launcher).splitlines()
+                if ln.strip() and not _ROUTINE.search(ln)]
+        return "\n".join(list(dict.fromkeys(said))[-lines:])
+
     def stop(self) -> None:
         """Stop the engines and the controller. Harmless when nothing runs."""
         client, cluster = self.client, self.cluster
@@ -176,7 +196,10 @@ class Engines:
         try:
             self.view().apply_sync(rankside.init_framework, name, params)
         except ipp.error.CompositeError as err:
-            raise HPCAIError(f"initialising {name} failed on the ranks:\n{_first_lines(err)}",
+            died = any(ename == "EngineError" for ename, *_ in err.elist)
+            said = self.launcher_report() if died else ""
+            raise HPCAIError(f"initialising {name} failed on the ranks:\n{_first_lines(err)}"
+                             + (f"\nthe launcher said:\n{said}" if said else ""),
                              "fix the cause above, then %hpc restart") from None
         self.framework = name
 
@@ -191,6 +214,14 @@ class Engines:
             raise HPCAIError(f"the ranks do not see the same environment:\n{rows}",
                              "make the env reachable at the same path on every node (a shared filesystem), then %hpc restart")
         return found
+
+
+def _output(launcher: Any) -> str:
+    """All a launcher printed so far (its ``get_output`` caches the first read, so read the file while there)."""
+    try:
+        return Path(launcher.output_file).read_text(errors="replace")
+    except (OSError, TypeError):
+        return launcher.get_output(remove=False) or ""
 
 
 def _first_lines(err: Exception, limit: int = 8) -> str:

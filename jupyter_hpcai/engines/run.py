@@ -8,7 +8,6 @@ interrupts every rank.
 
 from __future__ import annotations
 
-import re
 import signal
 import sys
 import time
@@ -80,17 +79,6 @@ def _texts(ars: dict[int, Any]) -> dict[int, str]:
     return {rank: (ar.stdout or "") + (ar.stderr or "") for rank, ar in ars.items()}
 
 
-def _launcher_report(engines: Engines) -> str:
-    """What the launcher said about dead tasks (e.g. ``srun: error: n2: task 3: Killed``)."""
-    if engines.cluster is None:
-        return ""
-    lines = []
-    for launcher in engines.cluster.engines.values():
-        output = launcher.get_output(remove=False) or ""
-        lines += [ln.strip() for ln in output.splitlines() if re.search(r"task \d+: |exited on signal|Killed", ln)]
-    return "\n".join(lines[-8:])
-
-
 def run_on_ranks(engines: Engines, code: str, *, framework: str = "horovod", timeout: float | None = None,
                  output: str = "all", push: dict[str, Any] | None = None, write: Write | None = None) -> dict[int, Any]:
     """Run ``code`` on every rank and return each rank's value of the cell's last expression."""
@@ -117,7 +105,7 @@ def run_on_ranks(engines: Engines, code: str, *, framework: str = "horovod", tim
             dead = engines.dead()
             if dead:
                 streamer.feed(_texts(ars), final=True)
-                report = _launcher_report(engines)
+                report = engines.launcher_report()
                 engines.stop()
                 who = ", ".join(f"rank {r.rank} on {r.host}" for r in dead)
                 raise RankFailure(f"ranks died: {who}" + (f"\n{report}" if report else "")
