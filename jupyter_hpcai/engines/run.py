@@ -91,12 +91,12 @@ def run_on_ranks(engines: Engines, code: str, *, framework: str = "horovod", tim
     if push:
         engines.view().push(push, block=True)
     assert engines.client is not None
-    ars = {r.rank: engines.client[r.engine_id].apply_async(rankside.run_cell, code) for r in engines.ranks}
+    whole = engines.view().apply_async(rankside.run_cell, code)  # one request to every rank, in rank order
+    ars = dict(zip((r.rank for r in engines.ranks), whole.split()))
     streamer = Streamer(engines.ranks, output, write)
     deadline = time.monotonic() + timeout if timeout else None
     try:
-        while not all(ar.ready() for ar in ars.values()):
-            next(ar for ar in ars.values() if not ar.ready()).wait(0.1)
+        while not whole.wait(0.1):
             streamer.feed(_texts(ars))
             if not engines.controller_alive():
                 engines.stop()
@@ -121,12 +121,10 @@ def run_on_ranks(engines: Engines, code: str, *, framework: str = "horovod", tim
                                   "The engines were stopped", "bring the world back with %hpc restart")
     except KeyboardInterrupt:
         engines.client.send_signal(signal.SIGINT, targets=[r.engine_id for r in engines.ranks], block=False)
-        for ar in ars.values():
-            ar.wait(10)
+        whole.wait(10)
         streamer.feed(_texts(ars), final=True)
         raise
-    for ar in ars.values():  # a result can arrive before the last of its rank's output does
-        ar.wait_for_output(10)
+    whole.wait_for_output(10)  # a result can arrive before the last of its rank's output does
     streamer.feed(_texts(ars), final=True)
     outcomes = {rank: ar.get() for rank, ar in ars.items()}
     failed = {rank: o for rank, o in outcomes.items() if not o["ok"]}
