@@ -89,6 +89,16 @@ def test_output_modes_and_push(world: JobKernel) -> None:
     assert world.run("values").result == "[41, 42, 43, 44]"
 
 
+def test_a_world_of_one_rank_then_four_again(world: JobKernel) -> None:
+    """-n 1 restarts the world with a single rank (the first point of a scaling run), and back to four."""
+    cell = world.run("%%horovod_run -n 1\nprint('alone', size)\nrank")
+    assert cell.status == "ok", cell.error
+    assert cell.stdout.strip().endswith("[rank 0 n1] alone 1") and cell.result == "0"
+    cell = world.run("%%horovod_run -n 4 -o sizes\nsize")
+    assert cell.status == "ok", cell.error
+    assert world.run("sizes").result == "[4, 4, 4, 4]"
+
+
 def test_exception_on_some_ranks_shows_every_traceback(world: JobKernel) -> None:
     cell = world.run("%%horovod_run\ndef check(r):\n    if r % 2:\n        raise ValueError(f'bad rank {r}')\ncheck(rank)")
     assert cell.status == "error"

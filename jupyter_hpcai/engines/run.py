@@ -91,7 +91,10 @@ def run_on_ranks(engines: Engines, code: str, *, framework: str = "horovod", tim
     if push:
         engines.view().push(push, block=True)
     assert engines.client is not None
-    whole = engines.view().apply_async(rankside.run_cell, code)  # one request to every rank, in rank order
+    # One request to every rank, in rank order; split() gives each rank its part. A lone engine is addressed
+    # by its id, not a list of one, or its part would hold lists.
+    ids = [r.engine_id for r in engines.ranks]
+    whole = engines.client[ids if len(ids) > 1 else ids[0]].apply_async(rankside.run_cell, code)
     ars = dict(zip((r.rank for r in engines.ranks), whole.split()))
     streamer = Streamer(engines.ranks, output, write)
     deadline = time.monotonic() + timeout if timeout else None
