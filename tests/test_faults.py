@@ -102,6 +102,24 @@ def test_mpi_that_cannot_start_is_reported_in_its_own_words(world: JobKernel) ->
     assert world.run("%%horovod_run\nhvd.size()").result == "2"
 
 
+def test_engines_that_cannot_start_are_reported_at_once(world: JobKernel, tmp_path: Path) -> None:
+    """An env broken on the nodes (here: a sitecustomize on PYTHONPATH makes python exit in every rank of the
+    srun step, PMIX_RANK set; the controller beside the kernel is unaffected): the launcher exits, and
+    %hpc start says so with the ranks' own words, without waiting out its 180 s for registrations."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os\nif 'PMIX_RANK' in os.environ:\n    raise SystemExit('the env is broken on this node')\n")
+    assert world.run(f"import os\nos.environ['PYTHONPATH'] = {str(tmp_path)!r}").status == "ok"
+    try:
+        cell = world.run("%hpc start")  # after 180 s, "only 0 of 2 engines registered" if the exit went unnoticed
+        assert cell.status == "error" and "the engine launcher exited before 2 engines registered" in cell.error
+        assert "the env is broken on this node" in cell.error and "srun: error:" in cell.error, cell.error
+        assert world.run("6 * 7").result == "42", "the notebook kernel lives on"
+    finally:
+        assert world.run("del os.environ['PYTHONPATH']").status == "ok"
+    assert world.run("%hpc start").status == "ok"
+    assert world.run("%%horovod_run\nhvd.size()").result == "2"
+
+
 def test_unwritable_manifest_fails_the_build_and_keeps_the_env(small_recipe: Path, env_store: EnvStore) -> None:
     """The manifest is written last, before `current` moves: if it cannot be written, nothing changes."""
     name = "readonly"

@@ -102,10 +102,8 @@ class Engines:
         while len(self.client.ids) < n:
             if progress:
                 progress(len(self.client.ids), n)
-            stopped = [es for es in self.cluster.engines.values() if es.state == "after"]
-            if stopped:
-                output = stopped[0].get_output(remove=False).strip()[-2000:]
-                raise HPCAIError(f"the engine launcher exited before {n} engines registered:\n{output}",
+            if any(_exited(launcher) for launcher in self.cluster.engines.values()):
+                raise HPCAIError(f"the engine launcher exited before {n} engines registered:\n{self.launcher_report(wait=0)}",
                                  "check the allocation (squeue) and that the env runs on every node")
             if time.monotonic() > deadline:
                 raise HPCAIError(f"only {len(self.client.ids)} of {n} engines registered within {timeout:g} s",
@@ -147,13 +145,13 @@ class Engines:
 
     def launcher_report(self, lines: int = 24, wait: float = 10) -> str:
         """After ranks died: the last lines the launcher printed, less routine logs and repeats, once it has
-        exited (at most ``wait`` s): srun's word on dead tasks (``srun: error: n2: task 3: Killed``) and what
+        exited (waiting at most ``wait`` s): srun's word on dead tasks (``srun: error: n2: task 3: Killed``) and what
         ranks wrote to stderr before dying (an MPI abort)."""
         if self.cluster is None:
             return ""
         launchers = list(self.cluster.engines.values())
         try:
-            wait_until(lambda: all(ln.state == "after" for ln in launchers), timeout=wait, what="the launcher to exit")
+            wait_until(lambda: all(_exited(ln) for ln in launchers), timeout=wait, what="the launcher to exit")
         except HPCAIError:
             pass  # report what it said so far
         said = [ln.rstrip() for launcher in launchers for ln in _output(launcher).splitlines()
@@ -214,6 +212,15 @@ class Engines:
             raise HPCAIError(f"the ranks do not see the same environment:\n{rows}",
                              "make the env reachable at the same path on every node (a shared filesystem), then %hpc restart")
         return found
+
+
+def _exited(launcher: Any) -> bool:
+    """Whether a launcher's process has ended. Asks the process (``poll``): ipyparallel moves ``state`` to
+    'after' from its event loop, which runs only during its own calls."""
+    try:
+        return launcher.poll() is not None
+    except Exception:  # psutil.NoSuchProcess: already reaped
+        return True
 
 
 def _output(launcher: Any) -> str:
