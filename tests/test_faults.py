@@ -1,5 +1,6 @@
-"""Faults and security on a real allocation: a killed controller, a read-only manifest, private connection
-files, the controller's bind address. Each fault is survived: nothing is lost and the user is told."""
+"""Faults and security on a real allocation: a killed controller, ranks that cannot start or cannot start MPI,
+a read-only manifest, private connection files, the controller's bind address. Each fault is survived: nothing
+is lost and the user is told."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import shutil
 import signal
 import stat
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -85,21 +88,30 @@ def test_stopped_slurmd_leaves_running_ranks_working(world: JobKernel, devcluste
     assert world.run("%%horovod_run\nhvd.size()").result == "2"
 
 
+@contextmanager
+def broken_rank_environment(world: JobKernel, name: str, value: str) -> Iterator[None]:
+    """``name=value`` in the kernel's environment, which the ranks it starts inherit. Inside, the test breaks
+    the ranks; after it the kernel must still answer, and with the variable gone a restart must bring both
+    ranks back."""
+    assert world.run(f"import os\nos.environ[{name!r}] = {value!r}").status == "ok"
+    try:
+        yield
+        assert world.run("6 * 7").result == "42", "the notebook kernel lives on"
+    finally:
+        assert world.run(f"del os.environ[{name!r}]").status == "ok"
+    assert world.run("%hpc restart").status == "ok"
+    assert world.run("%%horovod_run\nhvd.size()").result == "2"
+
+
 def test_mpi_that_cannot_start_is_reported_in_its_own_words(world: JobKernel) -> None:
     """A bad MPI setting makes every rank abort in hvd.init(): the cell shows what Open MPI and srun said
-    (not only 'engine died'), the kernel lives, and a restart with the setting fixed recovers."""
-    assert world.run("import os\nos.environ['OMPI_MCA_pml'] = 'no_such_pml'").status == "ok"  # the ranks inherit it
-    try:
+    (not only 'engine died')."""
+    with broken_rank_environment(world, "OMPI_MCA_pml", "no_such_pml"):
         assert world.run("%hpc restart").status == "ok"
         cell = world.run("%%horovod_run\nhvd.size()", timeout=180)
         assert cell.status == "error" and "initialising horovod failed" in cell.error
         assert "the launcher said:" in cell.error and "no_such_pml" in cell.error, cell.error  # Open MPI's words
         assert "MPI_Init" in cell.error and "srun: error:" in cell.error, cell.error
-        assert world.run("6 * 7").result == "42", "the notebook kernel lives on"
-    finally:
-        assert world.run("del os.environ['OMPI_MCA_pml']").status == "ok"
-    assert world.run("%hpc restart").status == "ok"
-    assert world.run("%%horovod_run\nhvd.size()").result == "2"
 
 
 def test_engines_that_cannot_start_are_reported_at_once(world: JobKernel, tmp_path: Path) -> None:
@@ -108,16 +120,10 @@ def test_engines_that_cannot_start_are_reported_at_once(world: JobKernel, tmp_pa
     %hpc start says so with the ranks' own words, without waiting out its 180 s for registrations."""
     (tmp_path / "sitecustomize.py").write_text(
         "import os\nif 'PMIX_RANK' in os.environ:\n    raise SystemExit('the env is broken on this node')\n")
-    assert world.run(f"import os\nos.environ['PYTHONPATH'] = {str(tmp_path)!r}").status == "ok"
-    try:
+    with broken_rank_environment(world, "PYTHONPATH", str(tmp_path)):
         cell = world.run("%hpc start")  # after 180 s, "only 0 of 2 engines registered" if the exit went unnoticed
         assert cell.status == "error" and "the engine launcher exited before 2 engines registered" in cell.error
         assert "the env is broken on this node" in cell.error and "srun: error:" in cell.error, cell.error
-        assert world.run("6 * 7").result == "42", "the notebook kernel lives on"
-    finally:
-        assert world.run("del os.environ['PYTHONPATH']").status == "ok"
-    assert world.run("%hpc start").status == "ok"
-    assert world.run("%%horovod_run\nhvd.size()").result == "2"
 
 
 def test_unwritable_manifest_fails_the_build_and_keeps_the_env(small_recipe: Path, env_store: EnvStore) -> None:
