@@ -103,7 +103,8 @@ class Engines:
             if progress:
                 progress(len(self.client.ids), n)
             if any(_exited(launcher) for launcher in self.cluster.engines.values()):
-                raise HPCAIError(f"the engine launcher exited before {n} engines registered:\n{self.launcher_report(wait=0)}",
+                said = self.launcher_report(wait=0)
+                raise HPCAIError(f"the engine launcher exited before {n} engines registered:\n{said}",
                                  "check the allocation (squeue) and that the env runs on every node")
             if time.monotonic() > deadline:
                 raise HPCAIError(f"only {len(self.client.ids)} of {n} engines registered within {timeout:g} s",
@@ -136,12 +137,7 @@ class Engines:
     def controller_alive(self) -> bool:
         """True while the controller process (it runs beside the kernel) is there."""
         controller = self.cluster.controller if self.cluster else None
-        if not (controller and controller.state == "running"):
-            return False
-        try:
-            return controller.process.status() != "zombie" and controller.poll() is None
-        except Exception:  # psutil.NoSuchProcess: already reaped
-            return False
+        return bool(controller and controller.state == "running") and not _exited(controller)
 
     def launcher_report(self, lines: int = 24, wait: float = 10) -> str:
         """After ranks died: the last lines the launcher printed, less routine logs and repeats, once it has
@@ -215,10 +211,10 @@ class Engines:
 
 
 def _exited(launcher: Any) -> bool:
-    """Whether a launcher's process has ended. Asks the process (``poll``): ipyparallel moves ``state`` to
+    """Whether a launcher's process has ended (a zombie has). Asks the process: ipyparallel moves ``state`` to
     'after' from its event loop, which runs only during its own calls."""
     try:
-        return launcher.poll() is not None
+        return launcher.process.status() == "zombie" or launcher.poll() is not None
     except Exception:  # psutil.NoSuchProcess: already reaped
         return True
 
