@@ -6,6 +6,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,6 +16,20 @@ from typing import Any
 from jupyter_hpcai.demo import execute as run_code
 from jupyter_hpcai.demo import request
 from jupyter_hpcai.proc import wait_until
+
+
+def wait_for_stream(client: Any, text: str, timeout: float = 60) -> None:
+    """Read a kernel client's iopub until a stream message holds ``text``: the cell is running user code.
+
+    Interrupt a cell only after this. A SIGINT that lands after the kernel went busy but before the cell's
+    code started is caught by ipykernel's message dispatch, and no execute reply is ever sent.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg = client.get_iopub_msg(timeout=timeout)
+        if msg["msg_type"] == "stream" and text in msg["content"]["text"]:
+            return
+    raise AssertionError(f"no {text!r} within {timeout} s")
 
 
 def free_port() -> int:

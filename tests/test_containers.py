@@ -20,6 +20,7 @@ import pytest
 
 from conftest import REPO, JobKernel, kernel_in_job
 from container_image import MARKER, image_tarball
+from jupyter_helpers import wait_for_stream
 from jupyter_hpcai.engines.launch import Layout, engine_cmd
 from jupyter_hpcai.envs import Env, EnvStore
 from jupyter_hpcai.envs.container import Container, Settings, import_container
@@ -169,10 +170,8 @@ def test_interrupt_reaches_the_kernel_inside(deb_kernel: JobKernel, deb: Env) ->
 
     assert kernelspec.render(deb)["interrupt_mode"] == "message"
     client = deb_kernel.client
-    msg_id = client.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(300)", stop_on_error=False)
-    while not ((m := client.get_iopub_msg(timeout=60))["msg_type"] == "stream"  # the cell runs: interrupt it now
-               and m["parent_header"].get("msg_id") == msg_id):
-        pass
+    client.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(300)", stop_on_error=False)
+    wait_for_stream(client, "sleeping")  # the cell runs: interrupt it now
     client.control_channel.send(client.session.msg("interrupt_request", {}))
     reply = client.get_shell_msg(timeout=60)
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"

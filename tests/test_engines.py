@@ -13,6 +13,7 @@ import time
 import pytest
 
 from conftest import JobKernel, kernel_in_job
+from jupyter_helpers import wait_for_stream
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -123,22 +124,13 @@ def test_interrupt_reaches_every_rank(world: JobKernel) -> None:
     start = time.monotonic()
     world.client.execute("%%horovod_run\nimport time\nprint('sleeping', flush=True)\ntime.sleep(120)",
                          stop_on_error=False)  # see JobKernel.run
-    _wait_for_output(world, "sleeping")
+    wait_for_stream(world.client, "sleeping")
     os.kill(world.pid, signal.SIGINT)  # what JupyterLab's interrupt button does (interrupt_mode "signal")
     reply = world.client.get_shell_msg(timeout=60)
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
     assert time.monotonic() - start < 60
     cell = world.run("%%horovod_run\nrank")
     assert cell.status == "ok" and cell.result == "0", "every rank was interrupted and is free again"
-
-
-def _wait_for_output(kernel: JobKernel, text: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        msg = kernel.client.get_iopub_msg(timeout=timeout)
-        if msg["msg_type"] == "stream" and text in msg["content"]["text"]:
-            return
-    raise AssertionError(f"no {text!r} within {timeout} s")
 
 
 def test_timeout_names_the_stuck_ranks_then_restart(world: JobKernel) -> None:

@@ -110,7 +110,8 @@ def test_mpi_that_cannot_start_is_reported_in_its_own_words(world: JobKernel) ->
         assert world.run("%hpc restart").status == "ok"
         cell = world.run("%%horovod_run\nhvd.size()", timeout=180)
         assert cell.status == "error" and "initialising horovod failed" in cell.error
-        assert "the launcher said:" in cell.error and "no_such_pml" in cell.error, cell.error  # Open MPI's words
+        assert "the launcher said:" in cell.error and "Component: no_such_pml" in cell.error, cell.error  # Open MPI's
+        assert "A requested component was not found" in cell.error, cell.error  # the block that names the cause, whole
         assert "MPI_Init" in cell.error and "srun: error:" in cell.error, cell.error
 
 

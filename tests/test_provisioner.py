@@ -19,7 +19,7 @@ from jupyter_hpcai.envs import Builder, EnvStore, load_recipe
 from jupyter_hpcai.envs.store import Env
 from jupyter_hpcai.provisioner import KernelEnvError
 from jupyter_hpcai.proc import wait_until
-from jupyter_helpers import execute, jupyter_server
+from jupyter_helpers import execute, jupyter_server, wait_for_stream
 
 PROBE = "import os, sys; print(sys.prefix, os.environ['HPCAI_TEST_ACTIVATED'], os.environ['HPCAI_TEST_MODULE'], " \
         "os.environ['PATH'].split(':')[:3])"
@@ -47,9 +47,10 @@ def test_kernel_sees_activation_and_module(kernel_env: Env) -> None:
         assert (activated, module) == ("yes", "loaded")
         assert "opt/hpcai-test/bin" in path and "/opt/hpcai-test-module/bin" in path  # activate.d and module
 
-        # interrupt a busy kernel
-        msg_id = kc.execute("import time; time.sleep(120)", stop_on_error=False)  # see conftest JobKernel.run
-        wait_until(lambda: _busy(kc), timeout=30, what="the kernel to be busy")
+        # interrupt a kernel running a cell
+        msg_id = kc.execute("import time; print('sleeping', flush=True); time.sleep(120)",
+                            stop_on_error=False)  # see conftest JobKernel.run
+        wait_for_stream(kc, "sleeping")
         km.interrupt_kernel()
         reply = kc.get_shell_msg(timeout=30)
         assert reply["parent_header"]["msg_id"] == msg_id and reply["content"]["ename"] == "KeyboardInterrupt"
@@ -64,14 +65,6 @@ def test_kernel_sees_activation_and_module(kernel_env: Env) -> None:
     finally:
         km.shutdown_kernel(now=False)
     assert not km.is_alive()
-
-
-def _busy(kc) -> bool:  # type: ignore[no-untyped-def]
-    try:
-        msg = kc.get_iopub_msg(timeout=1)
-    except Exception:  # queue.Empty
-        return False
-    return msg["msg_type"] == "status" and msg["content"]["execution_state"] == "busy"
 
 
 def test_kernel_through_a_real_jupyter_server(kernel_env: Env, tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ server extension can list them without a registry of its own.
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -26,10 +25,9 @@ from ..proc import wait_until
 from . import rankside
 from .frameworks import FRAMEWORKS
 from .launch import Layout, launcher_config, plan
+from .report import launcher_said
 
 Progress = Callable[[int, int], None]  # (engines registered, engines wanted)
-# Routine lines in the launcher's output: ipyparallel's logs short of errors, TensorFlow's start-up notices.
-_ROUTINE = re.compile(r"\[(IPEngine|KernelNanny)[.\d]*\] (?!ERROR|CRITICAL)|: I tensorflow/|^To enable the following")
 
 
 @dataclass(frozen=True)
@@ -139,10 +137,10 @@ class Engines:
         controller = self.cluster.controller if self.cluster else None
         return bool(controller and controller.state == "running") and not _exited(controller)
 
-    def launcher_report(self, lines: int = 24, wait: float = 10) -> str:
-        """After ranks died: the last lines the launcher printed, less routine logs and repeats, once it has
-        exited (waiting at most ``wait`` s): srun's word on dead tasks (``srun: error: n2: task 3: Killed``) and what
-        ranks wrote to stderr before dying (an MPI abort)."""
+    def launcher_report(self, wait: float = 10) -> str:
+        """After ranks died: what the launcher printed, once it has exited (waiting at most ``wait`` s), cut down
+        to the part that names the cause (report.launcher_said): what ranks wrote before dying (Open MPI's error
+        blocks whole, once for all the ranks that printed them) and srun's word on dead tasks."""
         if self.cluster is None:
             return ""
         launchers = list(self.cluster.engines.values())
@@ -150,9 +148,7 @@ class Engines:
             wait_until(lambda: all(_exited(ln) for ln in launchers), timeout=wait, what="the launcher to exit")
         except HPCAIError:
             pass  # report what it said so far
-        said = [ln.rstrip() for launcher in launchers for ln in _output(launcher).splitlines()
-                if ln.strip() and not _ROUTINE.search(ln)]
-        return "\n".join(list(dict.fromkeys(said))[-lines:])
+        return launcher_said("\n".join(_output(launcher) for launcher in launchers))
 
     def stop(self) -> None:
         """Stop the engines and the controller. Harmless when nothing runs."""

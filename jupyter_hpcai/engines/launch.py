@@ -118,9 +118,9 @@ def launcher_config(layout: Layout) -> tuple[type, dict[str, object]]:
     program = engine_cmd(layout)
     if layout.launcher == "srun":
         args = [f"--nodes={layout.nodes}", f"--ntasks-per-node={layout.per_node}", "--distribution=block",
-                "--kill-on-bad-exit=1", "--overlap"]
+                "--kill-on-bad-exit=1", "--overlap", "--label"]  # --label: which rank wrote each line (report.py)
         return SrunEngineSetLauncher, {"mpi_args": args, "engine_cmd": program}
-    args = ["--map-by", f"ppr:{layout.per_node}:node", "--oversubscribe"]
+    args = ["--map-by", f"ppr:{layout.per_node}:node", "--oversubscribe", "--tag-output"]
     if os.geteuid() == 0:
         args.append("--allow-run-as-root")
     if layout.launcher == "local":
