@@ -18,6 +18,10 @@ c.JupyterHub.cleanup_servers = False  # notebook jobs outlive a hub restart
 c.JupyterHub.authenticator_class = "pam"
 
 c.JupyterHub.spawner_class = "jupyter_hpcai.spawner.HPCSlurmSpawner"
+# The hub runs as root: no server for system accounts (uid below min_uid) or the accounts named here.
+c.HPCSlurmSpawner.min_uid = 1000
+c.HPCSlurmSpawner.denied_users = {"nobody"}
+c.HPCSlurmSpawner.job_umask = 0o077  # job logs and what servers create are private to their user
 c.Spawner.cmd = [f"{sys.prefix}/bin/jupyterhub-singleuser"]  # a python every compute node can run
 c.HPCSlurmSpawner.batchspawner_singleuser_cmd = f"{sys.prefix}/bin/batchspawner-singleuser"
 c.HPCSlurmSpawner.bind_ip = "0.0.0.0"  # servers listen on their compute node; the hub connects to its NodeAddr

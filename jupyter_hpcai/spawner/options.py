@@ -103,7 +103,6 @@ class OptionsError(HPCAIError):
         self.errors = errors
         super().__init__("invalid options: " + "; ".join(f"{k}: {v}" for k, v in errors.items()),
                          "fix the fields named and submit again")
-        self.jupyterhub_message = self.message  # what JupyterHub shows on the spawn page
 
 
 def validate(raw: Mapping[str, Any], profiles: list[Profile], limits: Mapping[str, Limit],

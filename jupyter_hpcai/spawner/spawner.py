@@ -4,13 +4,16 @@ jobs with one server on the first node, honest progress and failure reasons."""
 from __future__ import annotations
 
 import asyncio
+import os
+import pwd
 import shlex
 import time
 from pathlib import Path
 from typing import Any
 
 from batchspawner import JobStatus, SlurmSpawner
-from traitlets import Dict, Float, List, Unicode, default
+from tornado.web import HTTPError
+from traitlets import Dict, Float, Integer, List, Set, Unicode, default
 
 from .. import slurm
 from ..errors import HPCAIError
@@ -18,6 +21,10 @@ from . import form, script
 from .options import Limit, OptionsError, Profile, SpawnOptions, merge_limits, validate
 from .progress import pending_message
 
+LOG_TAIL_BYTES = 8192  # of a failed job's log, shown on the spawn page
+# All a command the hub runs as a user gets of the hub's own environment (which holds the hub's secrets, and
+# which sudo -E would pass on for the user to read in /proc): nothing but where the programs and Slurm are.
+COMMAND_ENV = ("PATH", "LANG", "LC_ALL", "SLURM_CONF")
 _LIMITS_CACHE: dict[str, tuple[float, list[slurm.Partition]]] = {}
 
 
@@ -44,6 +51,11 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     req_srun = Unicode("", config=True, help="Empty: the server runs in the batch step, on the first node only.")
     bind_ip = Unicode("127.0.0.1", config=True, help="""Where the notebook server listens on its node: 0.0.0.0 on
         a real cluster, where the hub runs on another host (the hub then reaches it at the node's Slurm NodeAddr).""")
+    min_uid = Integer(1000, config=True, help="""The lowest unix uid a server may run as: system accounts (root,
+        munge, slurm, daemons) are refused before anything is submitted.""")
+    denied_users = Set(Unicode(), config=True, help="Unix accounts that never get a server, whatever their uid.")
+    job_umask = Integer(0o077, config=True, help="""The umask jobs are submitted with (Slurm passes it to the job):
+        the job's log, and what the server creates, are private to the user unless this allows more.""")
 
     # the form's last rejected submission, shown again with a message per field
     _rejected: tuple[dict[str, str], dict[str, str]] | None = None
@@ -100,21 +112,37 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
                              prologue=self.req_prologue)
 
     def _homedir(self) -> str:
-        import pwd
-
         try:
             return pwd.getpwnam(self.user.name).pw_dir
         except KeyError:
             raise HPCAIError(f"no unix user named {self.user.name} on the hub host",
                              "hub users must be unix users of the cluster") from None
 
+    def check_account(self) -> None:
+        """Refuse (HTTP 403) a server for an account the site does not allow: unknown to unix, a system account
+        (uid below ``min_uid``) or one in ``denied_users``."""
+        name = self.user.name
+        try:
+            uid = pwd.getpwnam(name).pw_uid
+        except KeyError:
+            raise _refused(403, HPCAIError(f"no unix user named {name} on the hub host",
+                                           "hub users must be unix users of the cluster")) from None
+        if name in self.denied_users or uid < self.min_uid:
+            why = "is in the site's denied users" if name in self.denied_users else \
+                f"is a system account (uid {uid}, below {self.min_uid})"
+            raise _refused(403, HPCAIError(f"no notebook server for {name}: the account {why}",
+                                           "log in with your own user account"))
+
     async def _get_batch_script(self, **subvars: Any) -> str:
         return self.job_script()
 
     async def run_command(self, cmd: str, input: str | None = None, env: dict[str, str] | None = None) -> str:
-        """batchspawner's commands, run as argument lists: no shell ever sees them."""
-        proc = await asyncio.create_subprocess_exec(*shlex.split(cmd), env=env, stdin=asyncio.subprocess.PIPE,
-                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        """batchspawner's commands, run as argument lists: no shell ever sees them. ``env`` is the user's (sbatch
+        gets get_env()); without one, a command gets COMMAND_ENV only, never the hub's environment."""
+        proc = await asyncio.create_subprocess_exec(*shlex.split(cmd), env=env if env is not None else _command_env(),
+                                                    stdin=asyncio.subprocess.PIPE,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                                    umask=self.job_umask)
         try:
             out, err = await asyncio.wait_for(proc.communicate(input.encode() if input else None), timeout=60)
         except asyncio.TimeoutError:
@@ -127,13 +155,18 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     # -- the job's life --------------------------------------------------------------------
     async def start(self) -> tuple[str, int]:
         self.ip, self.port = self.bind_ip, 0
-        self._options, self._profile = self._validate(self.user_options or {})
+        self.check_account()
+        try:
+            self._options, self._profile = self._validate(self.user_options or {})
+        except OptionsError as err:
+            raise _refused(400, err) from None
         test = " ".join([self.exec_prefix.format(username=self.user.name), "sbatch --test-only"])
         try:
             await self.run_command(test, input=self.job_script(), env=self.get_env())
         except RuntimeError as err:
-            raise HPCAIError(f"the scheduler would not run this request: {str(err).removeprefix('sbatch: error: ')}",
-                             "pick another partition, fewer nodes or GPUs, or a shorter walltime") from None
+            raise _refused(400, HPCAIError(
+                f"the scheduler would not run this request: {str(err).removeprefix('sbatch: error: ')}",
+                "pick another partition, fewer nodes or GPUs, or a shorter walltime")) from None
         await self.submit_batch_script()
         if not self.job_id:
             raise HPCAIError("sbatch returned no job id", "see the hub log")
@@ -178,13 +211,28 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         state, reason, code = info.get("JobState", "gone"), info.get("Reason", ""), info.get("ExitCode", "")
         lines = [f"Job {self.job_id} {what}: state {state}" + (f", reason {reason}" if reason not in ("", "None") else "")
                  + (f", exit code {code}" if code else "")]
-        log = Path(info.get("StdOut", "") or "/nonexistent")
-        try:
-            tail = log.read_text(errors="replace").strip().splitlines()[-15:]
-            lines += [f"Last lines of {log}:", *tail]
-        except OSError:
-            pass
+        if info.get("StdOut"):
+            tail = await self._log_tail(info["StdOut"])
+            lines += [f"Last lines of {info['StdOut']}:", *tail] if tail else []
         return "\n".join(lines)
+
+    async def _log_tail(self, path: str, lines: int = 15) -> list[str]:
+        """The last lines of the job's log, read as the job's user: the path is in their home, so they decide what
+        it is (a link to a root-only file, a FIFO, a huge file), and the hub never opens it with its own rights.
+        At most LOG_TAIL_BYTES, within a few seconds, off the event loop; nothing when the user cannot read it."""
+        argv = [*shlex.split(self.exec_prefix.format(username=self.user.name)),
+                "timeout", "5", "tail", "-c", str(LOG_TAIL_BYTES), "--", path]
+        proc = await asyncio.create_subprocess_exec(*argv, env=_command_env(), stdin=asyncio.subprocess.DEVNULL,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), timeout=10)
+        except asyncio.TimeoutError:
+            proc.kill()
+            return []
+        if proc.returncode != 0:
+            return []
+        text = out.decode(errors="replace")
+        return ["".join(c for c in line if c.isprintable() or c == "\t") for line in text.splitlines()[-lines:]]
 
     async def progress(self) -> Any:
         """Spawn-page events: job id, state, the scheduler's pending reason and expected start."""
@@ -209,6 +257,17 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             if pct == 70:
                 return
             await asyncio.sleep(1)
+
+
+def _command_env() -> dict[str, str]:
+    return {k: os.environ[k] for k in COMMAND_ENV if k in os.environ}
+
+
+def _refused(status: int, err: HPCAIError) -> HTTPError:
+    """A request the hub will not run: the REST API answers ``status`` with the reason, the spawn page shows it."""
+    refusal = HTTPError(status, log_message=str(err).replace("%", "%%"))
+    refusal.jupyterhub_message = err.jupyterhub_message  # type: ignore[attr-defined]
+    return refusal
 
 
 def preview(config_file: Path, options: dict[str, str], user: str) -> str:
