@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import kernelspec
@@ -21,6 +22,12 @@ from .envs.store import Env
 from .errors import HPCAIError
 
 console = Console(soft_wrap=True)  # long paths and messages stay on one line
+
+
+def esc(value: object) -> str:
+    """Any text this project did not write (paths, names, messages, tool output), made safe to print with rich
+    markup: ``[/x]``, ``[bold]`` and ``[rank 0 n1]`` print as they are. Every value put into markup goes through it."""
+    return escape(str(value))
 
 
 def _say(line: str) -> None:
@@ -57,7 +64,7 @@ def devcluster_up(nodes: int, gpus_per_node: int, port: int, state_dir: Path | N
     with console.status("starting munge, slurmctld and the slurmds..."):
         cluster.up()
     _show_status(cluster)
-    console.print(f"\nTo use it from a shell: [bold]export SLURM_CONF={cluster.conf}[/]")
+    console.print(f"\nTo use it from a shell: [bold]export SLURM_CONF={esc(cluster.conf)}[/]")
 
 
 @devcluster.command("status")
@@ -85,15 +92,16 @@ def devcluster_down(state_dir: Path | None) -> None:
 
 def _show_status(cluster: DevCluster) -> None:
     status = cluster.status()
-    daemons = Table("daemon", "pid", title=f"dev cluster in {status['state_dir']}")
+    daemons = Table("daemon", "pid", title=f"dev cluster in {esc(status['state_dir'])}")
     for name, pid in status["daemons"].items():  # type: ignore[union-attr]
-        daemons.add_row(name, str(pid) if pid else "[red]not running[/]")
+        daemons.add_row(esc(name), str(pid) if pid else "[red]not running[/]")
     console.print(daemons)
     if status["nodes"]:
         nodes = Table("node", "state", "partitions", "cpus", "gpus")
         for n in status["nodes"]:  # type: ignore[union-attr]
             colour = "green" if n.usable else "red"
-            nodes.add_row(n.name, f"[{colour}]{n.state}[/]", ",".join(n.partitions), str(n.cpus), str(n.gpus))
+            nodes.add_row(esc(n.name), f"[{colour}]{esc(n.state)}[/]", esc(",".join(n.partitions)), str(n.cpus),
+                          str(n.gpus))
         console.print(nodes)
 
 
@@ -137,21 +145,22 @@ def env_build(recipe: Path, name: str | None, locked: bool, lock_file: Path | No
     with console.status("preparing...") as status:
         def progress(phase: str, message: str) -> None:
             if phase == "log":
-                console.print(f"log: {message}")
+                console.print(f"log: {esc(message)}")
             elif message == "started":
-                status.update(f"[bold]{phase}[/]...")
+                status.update(f"[bold]{esc(phase)}[/]...")
             elif message.startswith("done"):
-                console.print(f"[green]✓[/] {phase} {message}")
+                console.print(f"[green]✓[/] {esc(phase)} {esc(message)}")
             elif message.startswith("warning"):
-                console.print(f"[yellow]{message}[/]")
+                console.print(f"[yellow]{esc(message)}[/]")
             else:
-                status.update(f"[bold]{phase}[/]: {message[:100]}")
+                status.update(f"[bold]{esc(phase)}[/]: {esc(message[:100])}")
 
         result = Builder(parsed, store=store, name=name, locked=lock, rebuild=rebuild, progress=progress).run()
     if result.up_to_date:
-        console.print(f"env '{result.env.name}' is up to date (build {result.build.id}); --rebuild forces a new build")
+        console.print(f"env '{esc(result.env.name)}' is up to date (build {esc(result.build.id)}); "
+                      "--rebuild forces a new build")
     else:
-        console.print(f"env '{result.env.name}' built: {result.build.prefix}")
+        console.print(f"env '{esc(result.env.name)}' built: {esc(result.build.prefix)}")
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -162,15 +171,15 @@ def _build_in_job(recipe: Path, env_: Env, partition: str, gpus: int, time_limit
                   extra: tuple[str, ...]) -> None:
     job = remote.submit(recipe, env_, partition=partition, gpus=gpus, time_limit=time_limit, account=account,
                         extra_args=extra)
-    console.print(f"build job {job.job_id} on partition {partition} ({gpus} GPUs); log: {job.log}")
+    console.print(f"build job {job.job_id} on partition {esc(partition)} ({gpus} GPUs); log: {esc(job.log)}")
     while True:
         try:
-            code = remote.follow(job, lambda line: console.print(f"  [dim]{job.job_id}|[/] {line}", highlight=False))
+            code = remote.follow(job, lambda line: console.print(f"  [dim]{job.job_id}|[/] {esc(line)}", highlight=False))
             break
         except KeyboardInterrupt:
             if click.confirm(f"\ncancel build job {job.job_id}?", default=True):
                 remote.cancel(job)
-                console.print(f"cancelling job {job.job_id}; env '{env_.name}' keeps its current build")
+                console.print(f"cancelling job {job.job_id}; env '{esc(env_.name)}' keeps its current build")
     if code:
         raise HPCAIError(f"build job {job.job_id} failed (exit status {code})", f"see its log: {job.log}")
     console.print(f"build job {job.job_id} finished")
@@ -183,10 +192,10 @@ def env_preflight(recipe: Path) -> None:
     checked = preflight(load_recipe(recipe))
     table = Table("fact", "value", title="toolchain on this node")
     for key, value in checked.facts.items():
-        table.add_row(key, str(value if value not in (None, []) else "-"))
+        table.add_row(esc(key), esc(value if value not in (None, []) else "-"))
     console.print(table)
     for warning in checked.warnings:
-        console.print(f"[yellow]warning:[/] {warning}")
+        console.print(f"[yellow]warning:[/] {esc(warning)}")
     checked.raise_for_problems()
     console.print("[green]preflight passed[/]")
 
@@ -203,25 +212,25 @@ def env_import_container(source: str, name: str, mode: str | None, python: str, 
     registry reference (udocker pull). udocker settings: HPCAI_UDOCKER, UDOCKER_DIR and udocker's UDOCKER_* variables."""
     found = container.import_container(source, name, mode=mode, python=python, binds=list(binds))
     inside = found.inside
-    console.print(f"env '{name}' imported: container {found.container} (mode {found.settings.mode}), python "
-                  f"{inside['python']}, MPI {inside.get('mpi') or 'none'}, packages: "
-                  + (", ".join(f"{k} {v}" for k, v in inside["packages"].items()) or "none"))
+    console.print(esc(f"env '{name}' imported: container {found.container} (mode {found.settings.mode}), python "
+                      f"{inside['python']}, MPI {inside.get('mpi') or 'none'}, packages: "
+                      + (", ".join(f"{k} {v}" for k, v in inside["packages"].items()) or "none")))
     for warning in container.warnings(inside):
-        console.print(f"[yellow]warning:[/] {warning}")
-    console.print(f"next: hpcai kernel install {name}")
+        console.print(f"[yellow]warning:[/] {esc(warning)}")
+    console.print(f"next: hpcai kernel install {esc(name)}")
 
 
 @env.command("list")
 def env_list() -> None:
     """List the environments and their current builds."""
     store = EnvStore()
-    table = Table("name", "kind", "build", "python", "conda pkgs", "pip pkgs", title=f"environments in {store.root}")
+    table = Table("name", "kind", "build", "python", "conda pkgs", "pip pkgs", title=f"environments in {esc(store.root)}")
     for e in store.list():
         build = e.current()
         m = (build.manifest() if build else None) or {}
         python = m.get("inside", {}).get("python") if m.get("kind") == "container" else m.get("python")
-        table.add_row(e.name, m.get("kind", "?"), build.id if build else "-", python or "-",
-                      str(len(m.get("conda", []))), str(len(m.get("pip", []))))
+        table.add_row(*map(esc, (e.name, m.get("kind", "?"), build.id if build else "-", python or "-",
+                                 len(m.get("conda", [])), len(m.get("pip", [])))))
     console.print(table)
 
 
@@ -233,16 +242,17 @@ def env_check(name: str) -> None:
     if container.is_container(target):
         found = container.Container.current(target)
         warnings = container.check(found)
-        console.print(f"[green]✓[/] container {found.container} runs (mode {found.settings.mode}, {found.python})")
+        console.print("[green]✓[/] " + esc(f"container {found.container} runs (mode {found.settings.mode}, "
+                                           f"{found.python})"))
         for warning in warnings:
-            console.print(f"[yellow]warning:[/] {warning}")
-        console.print(f"env '{name}' is OK")
+            console.print(f"[yellow]warning:[/] {esc(warning)}")
+        console.print(f"env '{esc(name)}' is OK")
         return
     for step in check(target):
-        console.print(f"[green]✓[/] {step.step}")
+        console.print(f"[green]✓[/] {esc(step.step)}")
     for warning in site_warnings(target):
-        console.print(f"[yellow]warning:[/] {warning}")
-    console.print(f"env '{name}' is OK")
+        console.print(f"[yellow]warning:[/] {esc(warning)}")
+    console.print(f"env '{esc(name)}' is OK")
 
 
 @env.command("remove")
@@ -255,7 +265,7 @@ def env_remove(name: str) -> None:
         container.remove(target)
     else:
         store.remove(name)
-    console.print(f"env '{name}' removed")
+    console.print(f"env '{esc(name)}' removed")
 
 
 @cli.group()
@@ -271,7 +281,7 @@ def kernel() -> None:
 def kernel_install(name: str, display_name: str | None, user: bool, prefix: str | None) -> None:
     """Write a kernelspec that starts the env's kernel through the hpcai-env provisioner."""
     path = kernelspec.install(EnvStore().get(name), display_name=display_name, user=user, prefix=prefix)
-    console.print(f"kernel installed: {path}")
+    console.print(f"kernel installed: {esc(path)}")
 
 
 def _read_json(path: Path) -> dict:
@@ -368,14 +378,19 @@ def bench_overhead(env_name: str, partition: str | None, nodes: int, gpus_per_no
 
 @cli.command()
 @click.option("--check", is_flag=True, help="Walk the whole path headless and print each step's result.")
-def demo(check: bool) -> None:
-    """The main job: dev cluster, tf-horovod-cpu env and kernel, a hub with a demo user."""
-    from .demo import DEMO_USER, check as walk, prepare
+@click.option("--stop", is_flag=True, help="Stop the hub, its proxy, the servers' jobs and the dev cluster.")
+def demo(check: bool, stop: bool) -> None:
+    """The main job: dev cluster, tf-horovod-cpu env and kernel, a hub with a demo user (--stop ends it all)."""
+    from .demo import DEMO_USER, check as walk, prepare, stop as stop_demo
 
+    if stop:
+        stop_demo(_say)
+        return
     hub = prepare(_say)
-    console.print(f"\n[bold]JupyterHub: {hub.url}[/]  (reach it with: ssh -L 8000:127.0.0.1:{hub.port} this-host)")
-    console.print(f"[bold]login:[/] {DEMO_USER}   [bold]password:[/] {hub.password}   (hub log: {hub.log})")
-    console.print("Pick the profile '2 nodes x 2 GPUs', open examples/demo.ipynb, run the cells.")
+    console.print(f"\n[bold]JupyterHub: {esc(hub.url)}[/]  (reach it with: ssh -L 8000:127.0.0.1:{hub.port} this-host)")
+    console.print(f"[bold]login:[/] {DEMO_USER}   [bold]password:[/] {esc(hub.password)}   (hub log: {esc(hub.log)})")
+    console.print("Pick the profile '2 nodes x 2 GPUs': JupyterLab opens demo.ipynb (a copy of examples/demo.ipynb in "
+                  "your home); run its cells. Stop it all with: hpcai demo --stop")
     if check:
         failed = walk(hub, _say)
         if failed:
@@ -388,9 +403,9 @@ def main() -> None:
     try:
         cli(standalone_mode=False)
     except HPCAIError as err:
-        console.print(f"[bold red]error:[/] {err.message}")
+        console.print(f"[bold red]error:[/] {esc(err.message)}")
         if err.hint:
-            console.print(f"[yellow]hint:[/] {err.hint}")
+            console.print(f"[yellow]hint:[/] {esc(err.hint)}")
         sys.exit(1)
     except click.exceptions.Abort:
         console.print("aborted")
