@@ -12,14 +12,18 @@ the execution mode, and udocker's own ``UDOCKER_*`` variables (proot/runc/patche
 ``UDOCKER_TARBALL``). They are recorded in the manifest, so the kernel and the engines run the
 container exactly as the import did, whatever environment they start from.
 
-Inside the container, kernels and engines see: the host environment and the user's identity
-(``--hostenv --hostauth``), the home directory, /tmp, the env's extra binds, jupyter_hpcai's own
-(pure Python) code at /.hpcai/lib, and the host's Slurm client at /.hpcai/bin (srun, scontrol...,
-run with the host's loader and libraries from /.hpcai/host, so the image's C library does not matter).
+Inside the container, kernels and engines see: the host environment less its secrets (``--hostenv``
+after :func:`without_secrets`: no hub token, nothing named like a token, secret, password or key) and
+the user's identity (``--hostauth --user``), the home directory, /tmp, the env's extra binds,
+jupyter_hpcai's own (pure Python) code at /.hpcai/lib, and the host's Slurm client at /.hpcai/bin
+(srun, scontrol..., run with the host's loader and libraries, bound one by one under /.hpcai/host, so
+the image's C library does not matter), its config files and munge socket. Nothing else of the host:
+the image is untrusted.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -39,14 +43,17 @@ from ..proc import run
 from .store import Build, Env, EnvStore
 
 MODES = ("P1", "P2", "R1", "R2", "R3", "F1", "F2", "F3", "F4", "S1")
-HOST = "/.hpcai/host"  # the host's root, for its Slurm client
+HOST = "/.hpcai/host"  # the host's Slurm client: its programs, loader and libraries, bound at their host paths below
 HOST_BIN = "/.hpcai/bin"  # wrappers that run the host's srun, scontrol... inside the container
 LIB = "/.hpcai/lib"  # jupyter_hpcai's own code, so kernel and ranks run the same version as the host
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the image's PATH
 SLURM_CLIENT = ("srun", "scontrol", "squeue", "sinfo", "scancel", "sbatch")
 # Where Slurm clients find their libraries and plugins, config and munge socket on common installations.
 SLURM_LIBS = ("/usr/lib64/slurm", "/usr/lib/slurm", "/usr/lib/x86_64-linux-gnu/slurm-wlm", "/usr/lib/x86_64-linux-gnu/slurm")
-SLURM_PATHS = ("/etc/slurm", "/etc/slurm-llnl", "/run/munge", "/var/run/munge", *SLURM_LIBS)
+SLURM_CONF_DIRS = ("/etc/slurm", "/etc/slurm-llnl")
+MUNGE_SOCKET = "/run/munge/munge.socket.2"
+# Variables a container never sees (HPCAI_CONTAINER_ENV_DENY replaces them): the hub's token and anything alike.
+SECRET_VARIABLES = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*_KEY")
 SYSTEM_LIBS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
                "/lib64", "/usr/lib64")
 _LOOK_INSIDE = r"""
@@ -153,7 +160,7 @@ class Container:
         import jupyter_hpcai
 
         binds = [str(Path.home()), "/tmp", str(Path.cwd()), *self.binds, *extra_binds, *slurm_paths(),
-                 f"/:{HOST}", f"{self.build.prefix / 'hostbin'}:{HOST_BIN}",
+                 *host_client_binds(), f"{self.build.prefix / 'hostbin'}:{HOST_BIN}",
                  f"{Path(jupyter_hpcai.__file__).parent}:{LIB}/jupyter_hpcai"]
         path = [HOST_BIN, *([str(Path(self.python).parent)] if self.python.startswith("/") else []), SYSTEM_PATH]
         return [*self.settings.base, "run", "--nobanner", "--hostenv", "--hostauth", f"--user={os.getuid()}:{os.getgid()}",
@@ -161,26 +168,61 @@ class Container:
                 f"--env=PATH={':'.join(path)}", f"--env=PYTHONPATH={LIB}", self.container]
 
     def environ(self, base: dict[str, str]) -> dict[str, str]:
-        """The environment udocker runs with (inside, PATH and PYTHONPATH are run_argv's)."""
-        env = self.settings.environ(base)
+        """The environment udocker runs with, which the container gets (``--hostenv``) less its secrets; inside,
+        PATH and PYTHONPATH are run_argv's."""
+        env = self.settings.environ(without_secrets(base))
         env["HPCAI_CONTAINER"] = json.dumps({"run": self.run_argv(), "python": self.python,
                                              "mpi": self.inside.get("mpi"), "name": self.name})
         env["HPCAI_HOST_MPI"] = mpi.host_version() or ""
         return env
 
 
+def without_secrets(environ: dict[str, str], patterns: Sequence[str] | None = None) -> dict[str, str]:
+    """``environ`` less every variable whose name matches a deny pattern (shell-style, any case): the
+    comma-separated ``HPCAI_CONTAINER_ENV_DENY``, else SECRET_VARIABLES. The kernel needs none of them: it
+    connects through its connection file."""
+    if patterns is None:
+        denied = environ.get("HPCAI_CONTAINER_ENV_DENY")
+        patterns = [p for p in denied.split(",") if p] if denied is not None else SECRET_VARIABLES
+    return {k: v for k, v in environ.items() if not any(fnmatch.fnmatchcase(k.upper(), p.upper()) for p in patterns)}
+
+
 def slurm_paths(environ: dict[str, str] | None = None) -> list[str]:
     """Host paths the Slurm client needs inside the container, found on the node it runs on.
 
-    ``HPCAI_CONTAINER_SLURM_PATHS`` (colon-separated) when set; else SLURM_CONF's folder, the usual
-    config, plugin and munge locations, and the PMIx library that ``srun --mpi=pmix`` loads, where they exist.
+    ``HPCAI_CONTAINER_SLURM_PATHS`` (colon-separated) when set; else the world-readable files beside
+    SLURM_CONF (slurm.conf and what it includes: never the folder, which may hold keys or state), the munge
+    socket slurm.conf names, the plugin folders, and the PMIx library that ``srun --mpi=pmix`` loads.
     """
     env = os.environ if environ is None else environ
     if "HPCAI_CONTAINER_SLURM_PATHS" in env:
         return [p for p in env["HPCAI_CONTAINER_SLURM_PATHS"].split(":") if p]
-    conf_dir = str(Path(env.get("SLURM_CONF", "/etc/slurm/slurm.conf")).parent)
+    conf = Path(env.get("SLURM_CONF") or next((f"{d}/slurm.conf" for d in SLURM_CONF_DIRS
+                                                 if Path(d, "slurm.conf").exists()), "/etc/slurm/slurm.conf"))
+    configs = [str(f) for f in conf.parent.glob("*") if f.is_file() and f.stat().st_mode & 0o004] \
+        if conf.is_file() else []
+    named = re.search(r"^\s*AuthInfo=.*\bsocket=([^,\s]+)", conf.read_text(errors="replace"), re.M) \
+        if conf.is_file() else None
+    socket = named.group(1) if named else MUNGE_SOCKET
     pmix = [str(p) for p in Path("/usr/lib").glob("*/pmix*/lib/libpmix.so")]
-    return sorted({p for p in (conf_dir, *SLURM_PATHS, *pmix) if Path(p).exists()})
+    return sorted({p for p in (*configs, socket, *SLURM_LIBS, *pmix) if Path(p).exists()})
+
+
+def _host_client() -> tuple[str | None, list[str], dict[str, str]]:
+    """The host's loader, library folders and Slurm programs, as resolved host paths (what the wrappers run)."""
+    loader = next((str(Path(p).resolve()) for p in ("/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1")
+                   if Path(p).exists()), None)
+    libs = list(dict.fromkeys(str(Path(d).resolve()) for d in (*SLURM_LIBS, *SYSTEM_LIBS) if Path(d).is_dir()))
+    programs = {name: str(Path(exe).resolve()) for name in SLURM_CLIENT if (exe := shutil.which(name))}
+    return loader, libs, programs
+
+
+def host_client_binds() -> list[str]:
+    """Binds for the host's Slurm client under HOST: its loader, library folders and programs, nothing else."""
+    loader, libs, programs = _host_client()
+    paths = [*libs, *([loader] if loader else []), *programs.values()]
+    inside_a_lib = [p for p in paths if any(p.startswith(f"{d}/") for d in libs)]
+    return [f"{p}:{HOST}{p}" for p in dict.fromkeys(paths) if p not in inside_a_lib]
 
 
 def is_container(env: Env) -> bool:
@@ -208,14 +250,13 @@ def _tarball_kind(path: Path) -> str:
 def _write_wrappers(folder: Path) -> None:
     """sh wrappers that run the host's Slurm client from inside the container (see the module doc)."""
     folder.mkdir()
-    loader = next((p for p in ("/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1") if Path(p).exists()), None)
-    libs = ":".join(f"$H{d}" for d in (*SLURM_LIBS, *SYSTEM_LIBS) if Path(d).is_dir())
-    for name in SLURM_CLIENT:
-        exe = shutil.which(name)
-        if exe is None or loader is None:
-            continue
+    loader, libs, programs = _host_client()
+    if loader is None:
+        return
+    for name, exe in programs.items():
         wrapper = folder / name
-        wrapper.write_text(_WRAPPER.format(name=name, host=HOST, loader=loader, libs=libs, exe=Path(exe).resolve()))
+        wrapper.write_text(_WRAPPER.format(name=name, host=HOST, loader=loader, libs=":".join(f"$H{d}" for d in libs),
+                                           exe=exe))
         wrapper.chmod(0o755)
 
 
