@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import HPCAIError
 from .proc import run
 
 # Long node states that mean the node answers and can run (or is running) jobs.
@@ -168,10 +169,11 @@ def format_duration(seconds: int) -> str:
 
 def follow_output(job_id: int | str, log: Path, on_line: Callable[[str], None], poll: float = 0.5) -> int:
     """Pass each new line of a job's output file to ``on_line`` until the job ends; its exit status
-    (1 for a job cancelled, timed out or lost without one)."""
+    (1 for a job cancelled or timed out without one). A job Slurm has forgotten before it was seen to end has no
+    known outcome: that raises, it never counts as success."""
     offset, partial = 0, ""
     while True:
-        info = job_info(job_id) or {"JobState": "COMPLETED", "ExitCode": "0:0"}
+        info = job_info(job_id)
         if log.exists():
             with open(log, errors="replace") as out:
                 out.seek(offset)
@@ -180,6 +182,11 @@ def follow_output(job_id: int | str, log: Path, on_line: Callable[[str], None], 
             *lines, partial = (partial + chunk).split("\n")
             for line in lines:
                 on_line(line)
+        if info is None:
+            if partial:
+                on_line(partial)
+            raise HPCAIError(f"Slurm no longer knows job {job_id}, so its outcome is unknown (it ended and was purged, "
+                             "or was never there)", f"read its output to see how it ended: {log}")
         if info.get("JobState") in TERMINAL_STATES:
             if partial:
                 on_line(partial)

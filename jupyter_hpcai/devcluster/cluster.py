@@ -26,6 +26,8 @@ INSTALL_HINT = "apt-get install -y slurm-wlm munge openmpi-bin libopenmpi-dev"
 _PROGRAMS = ("munged", "slurmctld", "slurmd", "sinfo", "squeue", "sbatch", "srun", "scancel", "scontrol")
 _SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
 GPU_DEVICE_MAJOR = 195  # the NVIDIA driver's character-device major number
+# Only root reads these: slurmctld's state (every job's script and environment) and the daemons' logs.
+PRIVATE_DIRS = ("ctld", "log")
 
 
 def check_prerequisites() -> None:
@@ -205,10 +207,10 @@ class DevCluster:
         state = self.state_dir
         for sub in ["ctld", "run", "log", "dev", "munge", *(f"spool/{n}" for n in self.node_names),
                     *(f"tmp/{n}" for n in self.node_names)]:
-            (state / sub).mkdir(parents=True, exist_ok=True)
+            (state / sub).mkdir(mode=0o700 if sub in PRIVATE_DIRS else 0o777, parents=True, exist_ok=True)
         for d in [state, *state.iterdir()]:  # readable by every user (jobs run as them), writable by root only
             if d.is_dir():
-                d.chmod(0o755)
+                d.chmod(0o700 if d.name in PRIVATE_DIRS else 0o755)
         for n in self.node_names:  # like /tmp: each job user may create its own files here
             (state / "tmp" / n).chmod(0o1777)
         key = state / "munge" / "munge.key"

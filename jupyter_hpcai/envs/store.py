@@ -137,7 +137,7 @@ class EnvStore:
         self.root = Path(root or paths.env_root()).absolute()
 
     def env(self, name: str) -> Env:
-        if not re.match(NAME_PATTERN, name):
+        if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
             raise HPCAIError(f"'{name}' is not a valid env name",
                              "use up to 64 letters, digits, '.', '_' or '-', starting with a letter or digit")
         return Env(name, self.root)
