@@ -11,15 +11,17 @@ from jupyter_helpers import free_port
 from jupyter_hpcai.demo import HubProcess, ensure_user
 
 USER = "hpcai-alice"
+BOB = "hpcai-bob"  # the other user: hostile to alice in the security tests
 PASSWORD = "demo-" + secrets.token_hex(4)
-__all__ = ["PASSWORD", "USER", "Hub", "ensure_user"]
+__all__ = ["BOB", "PASSWORD", "USER", "Hub", "ensure_user"]
 
 
 class Hub(HubProcess):
     """The demo hub on free ports, with a fresh admin token; restartable in place."""
 
     def __init__(self, state: Path) -> None:
-        super().__init__(state, free_port(), free_port(), free_port(), password=PASSWORD, token=secrets.token_hex(16))
+        super().__init__(state, free_port(), free_port(), free_port(), password=PASSWORD, token=secrets.token_hex(16),
+                         users=(USER, BOB))
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> subprocess.Popen[bytes]:
@@ -33,6 +35,12 @@ class Hub(HubProcess):
             self.proc.wait(timeout=60)
         if proxy:
             super().stop()
+
+    def kill(self) -> None:
+        """SIGKILL the hub (its proxy keeps running, as after a crash)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=60)
 
     def server(self, user: str = USER) -> dict | None:  # type: ignore[type-arg,override]
         return super().server(user)

@@ -145,9 +145,15 @@ def test_mpi_mismatch_is_refused_naming_both_versions(deb: Env) -> None:
         engine_cmd(Layout(2, 1, 2, "mpirun"), found.environ(dict(os.environ)))
 
 
+# What a notebook server's environment holds that an (untrusted) image must never see, and one that it may.
+SECRETS = {"JUPYTERHUB_API_TOKEN": "hub-token-never-inside", "HPCAI_TEST_SECRET": "s3cret", "DB_PASSWORD": "pw",
+           "SSH_KEY": "k"}
+
+
 @pytest.fixture(scope="module")
 def deb_kernel(devcluster, deb: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobKernel]:  # type: ignore[no-untyped-def]
-    with kernel_in_job(deb, tmp_path_factory.mktemp("container-kernel")) as kernel:
+    with kernel_in_job(deb, tmp_path_factory.mktemp("container-kernel"),
+                       environ={**SECRETS, "HPCAI_TEST_VISIBLE": "yes"}) as kernel:
         yield kernel
 
 
@@ -162,6 +168,43 @@ def test_kernel_runs_inside_the_container_with_the_allocation(deb_kernel: JobKer
     assert seen["exe"] == "/usr/bin/python3" and seen["marker"]  # the image's python, not the host's
     assert seen["job"] == str(deb_kernel.job_id) and seen["home"]
     assert len(seen["srun"][0]) == 2, seen["srun"]  # the host's Slurm client works from inside
+
+
+def test_the_container_sees_no_secret_and_no_more_of_the_host_than_it_needs(deb_kernel: JobKernel, deb: Env,
+                                                                           devcluster) -> None:  # type: ignore[no-untyped-def]
+    """The kernel connects and srun works (test above), yet the image gets no token or secret-named variable,
+    and no bind reaches root-only host files, other users' homes or the cluster's keys."""
+    from conftest import attack
+    from hub_helpers import BOB, ensure_user
+
+    ensure_user(BOB)
+    root_only = Path("/var/lib/hpcai/root-only-test")  # not under /tmp, which every container shares
+    root_only.parent.mkdir(parents=True, exist_ok=True)
+    root_only.write_text("x")
+    root_only.chmod(0o600)
+    host = Container.current(deb).run_argv()
+    binds = [arg.removeprefix("--volume=").split(":")[0] for arg in host if arg.startswith("--volume=")]
+    # host path -> where it would show inside (the image has an /etc/shadow of its own: only the host's counts)
+    reach = {"the host's /etc/shadow": ("/etc/shadow", ["/.hpcai/host/etc/shadow"])}
+    state = devcluster.state_dir
+    for what, path in (("bob's home", f"/home/{BOB}"), ("munge's key", str(state / "munge" / "munge.key")),
+                       ("slurmctld's state", str(state / "ctld")), ("a root-only host file", str(root_only))):
+        reach[what] = (path, [path, f"/.hpcai/host{path}"])
+    probe = ("import json, os\n"
+             f"reach = {reach!r}\n"
+             "print(json.dumps({'env': {k: os.environ.get(k) for k in %r}, "
+             "'found': {w: [p for p in inside if os.path.exists(p)] for w, (_, inside) in reach.items()}}))"
+             % [*SECRETS, "HPCAI_TEST_VISIBLE"])
+    cell = deb_kernel.run(probe)
+    assert cell.status == "ok", cell.error
+    seen = json.loads(cell.stdout)
+    assert seen["env"]["HPCAI_TEST_VISIBLE"] == "yes"  # the rest of the environment does come in
+    for name in SECRETS:
+        attack(f"a container image reads {name}", seen["env"][name] is None, f"os.environ has {seen['env'][name]!r}")
+    for what, found in seen["found"].items():
+        covered = [b for b in binds if reach[what][0] == b or reach[what][0].startswith(b.rstrip("/") + "/")]
+        attack(f"a container image reaches {what}", not found and not covered,
+               f"inside: {found or 'not there'}; binds covering it: {covered or 'none'}")
 
 
 def test_interrupt_reaches_the_kernel_inside(deb_kernel: JobKernel, deb: Env) -> None:
