@@ -4,10 +4,12 @@ the whole path headless (spawn a 2-node server, run %%horovod_run training on 4 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import pwd
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,11 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import kernelspec
+from . import kernelspec, paths, slurm
 from .devcluster import DevCluster
 from .envs import Builder, EnvStore, load_recipe
 from .errors import HPCAIError
-from .proc import wait_until
+from .paths import open_private, private_dir, write_private
+from .proc import run, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_USER = "hpcai-demo"
@@ -33,8 +36,8 @@ class HubProcess:
     """JupyterHub with spawner_config/demo_config.py, as a process of its own (it outlives this command)."""
 
     def __init__(self, state: Path, port: int, internal_port: int | None = None, proxy_api_port: int | None = None,
-                 password: str = "", token: str = "") -> None:
-        self.state, self.port = state, port
+                 password: str = "", token: str = "", users: tuple[str, ...] = (DEMO_USER,)) -> None:
+        self.state, self.port, self.users = state, port, users
         self.internal_port, self.proxy_api_port = internal_port or port + 1, proxy_api_port or port + 2
         self.url = f"http://127.0.0.1:{port}"
         self.password, self.token = password, token
@@ -43,12 +46,12 @@ class HubProcess:
     def env(self) -> dict[str, str]:
         return {**os.environ, "HPCAI_HUB_DIR": str(self.state), "HPCAI_HUB_PORT": str(self.port),
                 "HPCAI_HUB_INTERNAL_PORT": str(self.internal_port), "HPCAI_PROXY_API_PORT": str(self.proxy_api_port),
-                "HPCAI_HUB_API_TOKEN": self.token, "HPCAI_DEMO_PASSWORD": self.password}
+                "HPCAI_HUB_API_TOKEN": self.token, "HPCAI_DEMO_PASSWORD": self.password,
+                "HPCAI_DEMO_USERS": ",".join(self.users)}
 
     def start(self) -> subprocess.Popen[bytes]:
-        self.state.mkdir(parents=True, exist_ok=True)
-        self.state.chmod(0o700)
-        with open(self.log, "a") as out:
+        private_dir(self.state)
+        with open_private(self.log, "a") as out:
             proc = subprocess.Popen([str(Path(sys.executable).parent / "jupyterhub"), "-f",
                                      str(REPO / "spawner_config" / "demo_config.py")], cwd=self.state, env=self.env(),
                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -58,12 +61,21 @@ class HubProcess:
             raise HPCAIError(f"the hub exited at start:\n{self.log.read_text()[-2000:]}", f"see {self.log}")
         return proc
 
-    def stop(self) -> None:
-        for name in ("hub.pid", "proxy.pid"):
+    def stop(self) -> list[str]:
+        """Stop the hub and its proxy (by their pid files) and wait until both are gone; what was running."""
+        stopped = []
+        for name, program in (("hub", "jupyterhub"), ("proxy", "configurable-http-proxy")):
+            pid_file = self.state / f"{name}.pid"
             try:
-                os.kill(int((self.state / name).read_text()), signal.SIGTERM)
+                pid = int(pid_file.read_text())
             except (OSError, ValueError):
-                pass
+                continue
+            if _running(pid, program):  # a stale pid file may name another process by now
+                os.kill(pid, signal.SIGTERM)
+                wait_until(lambda: not _running(pid, program), timeout=30, what=f"the {name} (pid {pid}) to exit")
+                stopped.append(f"{name} (pid {pid})")
+            pid_file.unlink(missing_ok=True)
+        return stopped
 
     def answers(self) -> bool:
         try:
@@ -95,6 +107,16 @@ class HubProcess:
         if status != 201:
             raise HPCAIError(f"could not create a token for {user}: {body}")
         return str(body["token"])
+
+
+def _running(pid: int, program: str) -> bool:
+    """Whether ``pid`` is a live (not zombie) process whose command line names ``program``."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return program.encode() in cmdline and state != "Z"
 
 
 def request(url: str, token: str, method: str = "GET", body: Any = None) -> tuple[int, Any]:
@@ -173,7 +195,10 @@ def prepare(say: Say) -> HubProcess:
     spec = kernelspec.install(result.env, prefix=sys.prefix, display_name="Python (tf-horovod-cpu)")
     say(f"kernel installed: {spec}")
     ensure_user(DEMO_USER)
-    state = Path(os.environ.get("HPCAI_HUB_DIR", "/var/lib/hpcai/hub"))
+    for line in copy_examples(DEMO_USER):
+        say(line)
+    os.environ.setdefault("HPCAI_DEMO_NOTEBOOK", "demo.ipynb")  # the demo hub opens JupyterLab on it
+    state = paths.hub_dir()
     hub = HubProcess(state, int(os.environ.get("HPCAI_HUB_PORT", "8000")), password=_secret(state, "password"),
                      token=_secret(state, "api_token"))
     if not hub.answers():
@@ -182,12 +207,36 @@ def prepare(say: Say) -> HubProcess:
     return hub
 
 
+def copy_examples(user: str) -> list[str]:
+    """Put examples/*.ipynb into ``user``'s home, refreshed on each run, never over a copy the user changed
+    (the hashes of what was copied are kept beside them); what was done, one line each."""
+    entry = pwd.getpwnam(user)
+    home = Path(entry.pw_dir)
+    record = home / ".hpcai-examples.json"
+    try:
+        copied = json.loads(record.read_text())
+    except (OSError, ValueError):
+        copied = {}
+    said = []
+    for example in sorted((REPO / "examples").glob("*.ipynb")):
+        dest = home / example.name
+        if dest.is_symlink() or (dest.exists() and hashlib.sha256(dest.read_bytes()).hexdigest()
+                                  != copied.get(example.name)):
+            said.append(f"kept {dest}: changed since it was copied (delete it to get the current example)")
+            continue
+        shutil.copyfile(example, dest)
+        os.chown(dest, entry.pw_uid, entry.pw_gid)
+        copied[example.name] = hashlib.sha256(dest.read_bytes()).hexdigest()
+        said.append(f"example notebook: {dest}")
+    record.write_text(json.dumps(copied))
+    os.chown(record, entry.pw_uid, entry.pw_gid)
+    return said
+
+
 def _secret(state: Path, name: str) -> str:
-    state.mkdir(parents=True, exist_ok=True)
-    path = state / name
+    path = private_dir(state) / name
     if not path.exists():
-        path.write_text(secrets.token_hex(12))
-        path.chmod(0o600)
+        write_private(path, secrets.token_hex(12))
     return path.read_text().strip()
 
 
@@ -227,9 +276,13 @@ def check(hub: HubProcess, say: Say) -> int:
     step("spawn a 2-node server through the REST API", status in (201, 202), "" if status in (201, 202) else str(body))
     if status not in (201, 202):
         return failures
+    job: dict[str, str] = {}
     try:
         hub.wait_ready(DEMO_USER)
-        step("server ready", True, "a Slurm job on n1 and n2")
+        job = _job_of(DEMO_USER)
+        nodes = slurm.expand_hostlist(job.get("NodeList", ""))
+        step("server ready", job.get("JobState") == "RUNNING" and len(nodes) == 2,
+             f"Slurm job {job.get('JobId', '(none)')} {job.get('JobState', 'not found').lower()} on {', '.join(nodes)}")
         base, token = f"{hub.url}/user/{DEMO_USER}", hub.user_token(DEMO_USER)
         kernel = request(f"{base}/api/kernels", token, "POST", {"name": "hpcai-tf-horovod-cpu"})[1] or {}
         step("open a kernel from the tf-horovod-cpu env", "id" in kernel, kernel.get("message", ""))
@@ -242,5 +295,39 @@ def check(hub: HubProcess, say: Say) -> int:
         request(f"{base}/api/kernels/{kernel['id']}", token, "DELETE")
     finally:
         hub.stop_server(DEMO_USER)
-        step("stop the server (the job is gone)", True)
+        if job:
+            ended = _ended(job["JobId"])
+            step("stop the server", ended is not None, f"job {job['JobId']} {ended or 'still there'}")
     return failures
+
+
+def _job_of(user: str) -> dict[str, str]:
+    """scontrol's record of the one job ``user`` has in the queue ({} when none)."""
+    jobs = run(["squeue", "--noheader", "--user", user, "--format=%i"], timeout=30).stdout.split()
+    return (slurm.job_info(jobs[0]) or {}) if len(jobs) == 1 else {}
+
+
+def _ended(job_id: str, timeout: float = 60) -> str | None:
+    """How the job ended, as Slurm says it ("CANCELLED", "COMPLETED", or "gone from Slurm"); None if it still runs."""
+    def state() -> str | None:
+        info = slurm.job_info(job_id)
+        if info is None:
+            return "gone from Slurm"
+        return info["JobState"] if info["JobState"] in slurm.TERMINAL_STATES else None
+
+    try:
+        return wait_until(state, timeout=timeout, what=f"job {job_id} to end")
+    except HPCAIError:
+        return None
+
+
+def stop(say: Say) -> None:
+    """Stop what `hpcai demo` started: the hub and its proxy, then the dev cluster (which cancels every job,
+    the notebook servers' too). Harmless when nothing runs."""
+    for what in HubProcess(paths.hub_dir(), 0).stop():
+        say(f"stopped the {what}")
+    cluster = DevCluster.load()
+    jobs = run(["squeue", "--noheader", "--format=%i"], env={**os.environ, **cluster.variables()}, check=False,
+               timeout=30).stdout.split() if cluster.running() else []
+    cluster.down()
+    say(f"dev cluster stopped ({len(jobs)} job(s) cancelled)" if jobs else "dev cluster stopped")

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from . import paths
-from .envs.store import Env
+from .envs.store import Build, Env
 from .errors import HPCAIError
+from .proc import run
+
+CURVE_SINCE = (7, 3)  # the first ipykernel that takes CurveZMQ keys from its connection file
 
 
 def kernel_name(env: Env) -> str:
@@ -40,7 +44,20 @@ def render(env: Env, display_name: str | None = None) -> dict[str, Any]:
     spec = fill(json.loads(paths.kernel_template().read_text()))
     if container:
         spec["interrupt_mode"] = "message"
+    elif env.current() and _encrypts(env.current(), manifest):  # type: ignore[arg-type]
+        spec["metadata"]["supported_encryption"] = ["curve"]  # a server with transport_encryption=auto then uses it
     return spec
+
+
+def _encrypts(build: Build, manifest: dict[str, Any]) -> bool:
+    """Whether the env's kernel can encrypt its connection (CurveZMQ): a recent enough ipykernel, and a zmq built
+    with curve (asked of the env's own python)."""
+    version = next((p["version"] for p in manifest.get("pip", []) + manifest.get("conda", [])
+                    if p["name"].lower() == "ipykernel"), "")
+    if tuple(int(n) for n in re.findall(r"\d+", version)[:2]) < CURVE_SINCE:
+        return False
+    done = run([str(build.python), "-c", "import zmq; print(zmq.has('curve'))"], check=False, timeout=60)
+    return done.stdout.strip() == "True"
 
 
 def install(env: Env, *, display_name: str | None = None, user: bool = False, prefix: str | None = None) -> Path:

@@ -2,8 +2,9 @@
 
 Settings that differ per run come from the environment: HPCAI_HUB_DIR (state), HPCAI_HUB_PORT (and
 HPCAI_HUB_INTERNAL_PORT, HPCAI_PROXY_API_PORT; default the two ports after it),
-HPCAI_DEMO_PASSWORD (the DummyAuthenticator's shared password) and HPCAI_HUB_API_TOKEN (an admin
-service token for scripts). Everything else is the site config below.
+HPCAI_DEMO_PASSWORD (the DummyAuthenticator's shared password), HPCAI_DEMO_USERS (the accounts that may
+log in with it, comma-separated; default hpcai-demo) and HPCAI_HUB_API_TOKEN (an admin service token for
+scripts). Everything else is the site config below.
 """
 
 import os
@@ -27,14 +28,20 @@ c.JupyterHub.cleanup_proxy = False
 
 c.JupyterHub.authenticator_class = "dummy"
 c.DummyAuthenticator.password = os.environ.get("HPCAI_DEMO_PASSWORD", "")
-c.Authenticator.allow_all = True
+# Only the demo's own accounts may log in with the shared password (never root, munge, slurm...); the spawner
+# also refuses system accounts and denied users whatever the authenticator allowed.
+c.Authenticator.allowed_users = set(os.environ.get("HPCAI_DEMO_USERS", "hpcai-demo").split(","))
+c.HPCSlurmSpawner.min_uid = 1000
+c.HPCSlurmSpawner.denied_users = {"nobody"}
 if os.environ.get("HPCAI_HUB_API_TOKEN"):
     c.JupyterHub.services = [{"name": "hpcai-admin", "api_token": os.environ["HPCAI_HUB_API_TOKEN"]}]
     c.JupyterHub.load_roles = [{"name": "admin", "services": ["hpcai-admin"]}]
 
 c.JupyterHub.spawner_class = "jupyter_hpcai.spawner.HPCSlurmSpawner"
 c.Spawner.cmd = [f"{sys.prefix}/bin/jupyterhub-singleuser"]
-c.Spawner.default_url = "/lab"
+# `hpcai demo` opens JupyterLab on the example notebook it copied into the demo user's home
+notebook = os.environ.get("HPCAI_DEMO_NOTEBOOK")
+c.Spawner.default_url = f"/lab/tree/{notebook}" if notebook else "/lab"
 c.Spawner.env_keep = ["PATH", "LANG", "LC_ALL", "SLURM_CONF", "HPCAI_ENV_ROOT"]
 c.Spawner.start_timeout = 300
 c.Spawner.http_timeout = 120

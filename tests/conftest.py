@@ -20,7 +20,16 @@ from jupyter_hpcai.envs.store import Env
 pytest_plugins = ["jupyter_hpcai.devcluster.pytest_plugin"]
 
 REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPO / "test-artifacts"
 _BENCH: list[str] = []
+_ATTACKS: list[tuple[str, str, str]] = []  # (attack, "blocked" or "LEAKED", what was observed)
+
+
+def attack(name: str, blocked: bool, observed: str) -> None:
+    """Record one attack's outcome for the run's table (printed, and written to test-artifacts/), then fail the
+    test if it was not blocked: the table shows every attack tried, the leaks included."""
+    _ATTACKS.append((name, "blocked" if blocked else "LEAKED", observed))
+    assert blocked, f"{name}: {observed}"
 
 
 @pytest.fixture(scope="session")
@@ -37,10 +46,26 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _ATTACKS:
+        rows = ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in _ATTACKS]
+        table = ["| attack | outcome | observed |", "|---|---|---|", *rows]
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / "security-attacks.md").write_text("\n".join(table) + "\n")
+        terminalreporter.section(f"attacks tried: {sum(o == 'blocked' for _, o, _ in _ATTACKS)} of {len(_ATTACKS)} "
+                                 "blocked (test-artifacts/security-attacks.md)")
+        for name, outcome, seen in _ATTACKS:
+            terminalreporter.write_line(f"{outcome:8} {name}: {seen}")
     if _BENCH:
-        terminalreporter.section("benchmarks (ratios against a baseline measured in the same run)")
+        from jupyter_hpcai.bench.stamp import stamp
+
+        made = stamp()
+        terminalreporter.section(f"benchmarks (ratios against a baseline measured in the same run): {made}")
         for line in _BENCH:
             terminalreporter.write_line(line)
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / "measured.md").write_text(f"# Measured by the test run of {made}\n\nRatios against a baseline "
+                                               "measured in the same run (printed, never asserted).\n\n"
+                                               + "".join(f"- {line}\n" for line in _BENCH))
 
 
 LIB_SOURCE = "int hpcai_answer(void) { return 42; }\n"
@@ -267,6 +292,13 @@ class JobLab:
 @pytest.fixture(scope="module")
 def job_lab(devcluster, tf_env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobLab]:  # type: ignore[no-untyped-def]
     """JupyterLab (with the jupyter-hpcai extension) inside a 1-node job with 2 fake GPUs."""
+    with lab_in_job(tf_env, tmp_path_factory.mktemp("job-lab")) as lab:
+        yield lab
+
+
+@contextmanager
+def lab_in_job(tf_env: Env, work: Path, walltime: str = "00:30:00") -> Iterator[JobLab]:
+    """JupyterLab inside a 1-node job with 2 fake GPUs and ``walltime``; the job is cancelled afterwards."""
     import secrets
     import sys
 
@@ -274,7 +306,6 @@ def job_lab(devcluster, tf_env: Env, tmp_path_factory: pytest.TempPathFactory) -
     from jupyter_hpcai import kernelspec, slurm
     from jupyter_hpcai.proc import wait_until
 
-    work = tmp_path_factory.mktemp("job-lab")
     kernelspec.install(tf_env, prefix=str(work))
     settings = work / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
@@ -282,7 +313,7 @@ def job_lab(devcluster, tf_env: Env, tmp_path_factory: pytest.TempPathFactory) -
     port, token = free_port(), secrets.token_hex(16)
     cmd = (f"{Path(sys.executable).parent}/jupyter-lab --no-browser --allow-root --ip=127.0.0.1 --port={port} "
            f"--IdentityProvider.token={token} --ServerApp.root_dir={work}")
-    job = slurm.sbatch(["-N1", "--ntasks-per-node=2", "--gpus-per-node=2", "--time=00:30:00",
+    job = slurm.sbatch(["-N1", "--ntasks-per-node=2", "--gpus-per-node=2", f"--time={walltime}",
                         f"--output={work}/lab.log", "--wrap", cmd],
                        env={**os.environ, "JUPYTER_PATH": str(work / "share" / "jupyter"),
                             "JUPYTERLAB_SETTINGS_DIR": str(work / "settings"), "IPYTHONDIR": str(work / "ipython")})

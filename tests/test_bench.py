@@ -7,9 +7,12 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from jupyter_hpcai.bench.stamp import gpus
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 
@@ -30,6 +33,11 @@ def test_resnet50_tiny_end_to_end(devcluster, tf_env, tmp_path: Path, bench: lis
     assert all(r["images_per_sec"] > 0 and r["efficiency"] > 0 for r in data["rows"])
     table = (results / "results.md").read_text()
     assert "| launch | ranks | images/sec total |" in table and table.count("\n| ") == 5
+    head = subprocess.run(["git", "-C", str(ARTIFACTS.parent), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, timeout=30).stdout.strip()
+    made = table.splitlines()[0]  # stamped: when, at which commit, on what machine
+    assert time.strftime("%Y-%m-%d", time.gmtime()) in made and f"commit {head}" in made, made
+    assert f"{os.cpu_count()} cores, {gpus()})" in made and "job " in made, made
     assert (results / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     ARTIFACTS.mkdir(exist_ok=True)
     for name in ("results.md", "scaling.png", "results.json"):

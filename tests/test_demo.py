@@ -3,7 +3,10 @@ a kernel from the built env, Horovod training on 4 ranks in that server's job, t
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +14,10 @@ from pathlib import Path
 import pytest
 
 from jupyter_helpers import free_port
-from jupyter_hpcai.demo import HubProcess
+from jupyter_hpcai import slurm
+from jupyter_hpcai.demo import DEMO_USER, REPO, _running, copy_examples, ensure_user
+
+HPCAI = str(Path(sys.executable).parent / "hpcai")
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -21,10 +27,11 @@ def test_demo_check_walks_the_whole_path(devcluster, tf_env, tmp_path: Path) -> 
     env = {**os.environ, "HPCAI_HUB_DIR": str(state), "HPCAI_HUB_PORT": str(free_port()),
            "HPCAI_ENV_ROOT": str(tf_env.root), "COLUMNS": "200"}
     try:
-        done = subprocess.run([str(Path(sys.executable).parent / "hpcai"), "demo", "--check"], capture_output=True,
-                              text=True, timeout=1200, env=env)
-    finally:
-        HubProcess(state, 0).stop()  # the hub outlives the command by design; stop it and its proxy
+        done = subprocess.run([HPCAI, "demo", "--check"], capture_output=True, text=True, timeout=1200, env=env)
+    finally:  # the hub outlives the command by design: --stop ends it, its proxy and the cluster
+        stopped = subprocess.run([HPCAI, "demo", "--stop"], capture_output=True, text=True, timeout=300, env=env)
+        again = subprocess.run([HPCAI, "demo", "--stop"], capture_output=True, text=True, timeout=300, env=env)
+        devcluster.up()  # back for the tests that follow
     out = done.stdout
     assert done.returncode == 0, out[-4000:] + done.stderr[-2000:]
     for step in ("spawn a 2-node server through the REST API", "open a kernel from the tf-horovod-cpu env",
@@ -32,3 +39,32 @@ def test_demo_check_walks_the_whole_path(devcluster, tf_env, tmp_path: Path) -> 
         assert f"[ok] {step}" in out, out
     assert "samples/sec on 4 ranks" in out and "the whole path works" in out
     assert "login: hpcai-demo   password: " in out
+    # each [ok] says what Slurm showed: the job, its nodes, how it ended; Slurm still says the same
+    ready = re.search(r"\[ok\] server ready: Slurm job (\d+) running on n1, n2$", out, re.M)
+    ended = re.search(r"\[ok\] stop the server: job (\d+) ([A-Z_]+)$", out, re.M)
+    assert ready and ended and ready.group(1) == ended.group(1), out
+    job = slurm.job_info(ready.group(1)) or {}
+    assert slurm.expand_hostlist(job.get("NodeList", "")) == ["n1", "n2"] and job.get("JobState") == ended.group(2)
+    assert ended.group(2) in slurm.TERMINAL_STATES
+    # --stop: the hub and its proxy are gone, the cluster is down, and a second --stop is harmless
+    assert stopped.returncode == 0 and "stopped the hub" in stopped.stdout and "stopped the proxy" in stopped.stdout
+    assert "dev cluster stopped" in stopped.stdout, stopped.stdout + stopped.stderr
+    pids = [int(p) for p in re.findall(r"pid (\d+)", stopped.stdout)]
+    assert len(pids) == 2 and not any(_running(p, "") for p in pids)
+    assert again.returncode == 0 and "stopped the hub" not in again.stdout and "dev cluster stopped" in again.stdout
+
+
+def test_the_demo_user_gets_the_examples_and_keeps_their_changes() -> None:
+    ensure_user(DEMO_USER)
+    home = Path(pwd.getpwnam(DEMO_USER).pw_dir)
+    notebook = home / "demo.ipynb"
+    notebook.unlink(missing_ok=True)
+    assert copy_examples(DEMO_USER) == [f"example notebook: {notebook}"]
+    assert notebook.read_bytes() == (REPO / "examples" / "demo.ipynb").read_bytes()
+    assert notebook.stat().st_uid == pwd.getpwnam(DEMO_USER).pw_uid
+    assert copy_examples(DEMO_USER) == [f"example notebook: {notebook}"]  # unchanged: refreshed
+    changed = json.loads(notebook.read_text())
+    changed["cells"].append({"cell_type": "markdown", "metadata": {}, "source": ["my own notes"]})
+    notebook.write_text(json.dumps(changed))
+    assert "kept" in copy_examples(DEMO_USER)[0] and "my own notes" in notebook.read_text()
+    notebook.unlink()

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 from jupyter_client.manager import KernelManager
+from jupyter_core.paths import jupyter_runtime_dir
 
 from jupyter_hpcai import kernelspec, slurm
 from jupyter_hpcai.envs import Builder, EnvStore, load_recipe
@@ -73,7 +72,11 @@ def test_kernel_through_a_real_jupyter_server(kernel_env: Env, tmp_path: Path) -
         assert status == 201, kernel
         result = asyncio.run(execute(server, kernel["id"], PROBE))
         assert result["status"] == "ok" and " yes loaded " in result["stdout"]
+        connection = json.loads((Path(jupyter_runtime_dir()) / f"kernel-{kernel['id']}.json").read_text())
+        assert connection["curve_publickey"] and connection["curve_secretkey"]  # the connection is encrypted
         assert server.request("DELETE", f"/api/kernels/{kernel['id']}")[0] == 204
+    log = server.log.read_text()  # the kernel's own warnings land in the server's log
+    assert "without encryption" not in log, log[-3000:]
 
 
 def test_kernel_in_a_slurm_job_keeps_its_gpus(devcluster, kernel_env: Env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -82,6 +85,7 @@ def test_kernel_in_a_slurm_job_keeps_its_gpus(devcluster, kernel_env: Env, tmp_p
     probe.write_text(f"""
 import json, os
 from jupyter_client.manager import KernelManager
+from jupyter_core.paths import jupyter_runtime_dir
 from jupyter_hpcai.allocation import Allocation
 km = KernelManager(kernel_name={kernelspec.kernel_name(kernel_env)!r})
 km.start_kernel()

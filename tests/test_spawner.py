@@ -215,14 +215,31 @@ def test_bad_rest_options_are_refused_before_submission(hub: Hub, options: dict[
     assert before == after == ""
 
 
+def test_a_request_the_scheduler_would_not_run_is_refused_before_submission(hub: Hub) -> None:
+    """Valid for the form, refused by Slurm (here: the partition stopped taking jobs): `sbatch --test-only` says
+    so in Slurm's own words, and nothing is submitted."""
+    subprocess.run(["scontrol", "update", "PartitionName=debug", "State=INACTIVE"], check=True, timeout=30)
+    try:
+        status, body = hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)"})
+        wait_until(lambda: hub.server() is None, timeout=30, what="the refused spawn to clear")
+        queued = subprocess.run(["squeue", "--noheader", "--user", USER], capture_output=True, text=True,
+                                timeout=30).stdout
+    finally:
+        subprocess.run(["scontrol", "update", "PartitionName=debug", "State=UP"], check=True, timeout=30)
+    assert status == 400 and "the scheduler would not run this request" in body["message"], body
+    assert "artition" in body["message"] and "shorter walltime" in body["message"], body  # Slurm's words, then ours
+    assert queued == ""
+
+
 def test_hub_restart_keeps_the_server_and_scancel_is_noticed(hub: Hub) -> None:
     hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)"})
     hub.wait_ready()
     job = _job_of_user()["JobId"]
-    hub.stop()
-    hub.start()
-    assert hub.server()["ready"]  # type: ignore[index]
-    assert "SLURM_JOB_ID" in _run_in_server(hub, ENV_PROBE)
+    for stop in (hub.stop, hub.kill):  # SIGTERM, then SIGKILL (no chance to clean up): the server stays attached
+        stop()
+        hub.start()
+        assert hub.server()["ready"], stop  # type: ignore[index]
+        assert "SLURM_JOB_ID" in _run_in_server(hub, ENV_PROBE)
     subprocess.run(["scancel", job], check=True, timeout=30)
     wait_until(lambda: hub.server() is None, timeout=60, what="the hub to notice the cancelled job")
     assert f"Job {job}" not in subprocess.run(["squeue"], capture_output=True, text=True, timeout=30).stdout

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import JobLab
+from conftest import JobLab, lab_in_job
 from jupyter_helpers import Server, jupyter_server
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -41,6 +41,24 @@ def _lab_page(playwright, job_lab: JobLab, path: str = "lab"):  # type: ignore[n
     return browser, page
 
 
+def _notebook_page(playwright, job_lab: JobLab, env, name: str, cells: list[str]):  # type: ignore[no-untyped-def]
+    """A notebook of ``cells`` in ``env``'s kernel, open in JupyterLab, its kernel idle, the first cell focused."""
+    from jupyter_hpcai import kernelspec
+
+    notebook = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "source": code}
+                          for code in cells],
+                "metadata": {"kernelspec": {"name": kernelspec.kernel_name(env), "display_name": env.name,
+                                            "language": "python"}},
+                "nbformat": 4, "nbformat_minor": 5}
+    (job_lab.root / name).write_text(json.dumps(notebook))
+    browser, page = _lab_page(playwright, job_lab, f"lab/tree/{name}")
+    # the kernel must be idle first: an earlier Shift+Enter is silently dropped
+    page.wait_for_function("document.querySelector('#jp-main-statusbar')?.innerText.includes('| Idle')",
+                           timeout=120_000)
+    page.click(".jp-Cell .jp-InputArea-editor")
+    return browser, page
+
+
 @pytest.mark.slurm
 def test_side_panel_shows_the_real_allocation(job_lab: JobLab) -> None:
     from playwright.sync_api import sync_playwright
@@ -54,7 +72,28 @@ def test_side_panel_shows_the_real_allocation(job_lab: JobLab) -> None:
         assert f"Job\t{job_lab.job_id}" in text and "Partition\tgpu" in text and "1 (n1)" in text
         assert "GPUs per node\t2" in text
         assert re.search(r"Walltime left: 00:[0-2]\d:\d\d", text)
+        # one HPC panel: ipyparallel's own lab extension (its "IP" cluster tab) is off in the servers we start
+        config = json.loads(page.eval_on_selector("#jupyter-config-data", "e => e.textContent"))
+        assert "ipyparallel-labextension" in config.get("disabledExtensions", []), config.get("disabledExtensions")
+        assert page.locator(".ipp-ClusterListing").count() == 0
         page.screenshot(path=str(ARTIFACTS / "side-panel.png"))
+        browser.close()
+
+
+@pytest.mark.slurm
+def test_side_panel_warns_in_the_last_15_minutes(devcluster, tf_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A job with 10 minutes of walltime: the countdown turns to a warning and JupyterLab says so once."""
+    from playwright.sync_api import sync_playwright
+
+    with lab_in_job(tf_env, tmp_path, walltime="00:10:00") as lab, sync_playwright() as p:
+        browser, page = _lab_page(p, lab)
+        page.click('li[data-id="hpcai-panel"]')
+        page.wait_for_selector("#hpcai-panel .hpcai-walltime.hpcai-warning", timeout=60_000)
+        assert re.fullmatch(r"00:0\d:\d\d", page.inner_text("#hpcai-panel .hpcai-walltime"))
+        toast = page.wait_for_selector(f"text=Slurm job {lab.job_id}:", timeout=30_000)
+        assert "of walltime left" in toast.inner_text() and "Save your work" in toast.inner_text()
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "side-panel-walltime-warning.png"))
         browser.close()
 
 
@@ -63,21 +102,10 @@ def test_side_panel_shows_the_real_allocation(job_lab: JobLab) -> None:
 def test_widget_start_button_starts_two_engines(job_lab: JobLab, tf_env) -> None:  # type: ignore[no-untyped-def]
     from playwright.sync_api import sync_playwright
 
-    from jupyter_hpcai import kernelspec
-
-    notebook = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
-                           "source": "from jupyter_hpcai.widgets import ClusterPanel\nClusterPanel()"}],
-                "metadata": {"kernelspec": {"name": kernelspec.kernel_name(tf_env), "display_name": "tf",
-                                            "language": "python"}},
-                "nbformat": 4, "nbformat_minor": 5}
-    (job_lab.root / "panel.ipynb").write_text(json.dumps(notebook))
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
-        browser, page = _lab_page(p, job_lab, "lab/tree/panel.ipynb")
-        # the kernel must be idle first: an earlier Shift+Enter is silently dropped
-        page.wait_for_function("document.querySelector('#jp-main-statusbar')?.innerText.includes('| Idle')",
-                               timeout=120_000)
-        page.click(".jp-Cell .jp-InputArea-editor")
+        browser, page = _notebook_page(p, job_lab, tf_env, "panel.ipynb",
+                                       ["from jupyter_hpcai.widgets import ClusterPanel\nClusterPanel()"])
         page.keyboard.press("Shift+Enter")
         start = page.locator(".jp-OutputArea button[title=Start]")
         try:
@@ -95,3 +123,39 @@ def test_widget_start_button_starts_two_engines(job_lab: JobLab, tf_env) -> None
         assert "2/2" in page.inner_text("#hpcai-panel table.hpcai-engines")
         page.screenshot(path=str(ARTIFACTS / "side-panel-with-engines.png"))
         browser.close()
+
+
+TOUR = ["%load_ext jupyter_hpcai\n%hpc start",
+        "%%horovod_run\nimport tensorflow as tf\ntotal = hvd.allreduce(tf.constant(float(rank + 1)), op=hvd.Sum)\n"
+        "print(f'rank {rank} of {size}: allreduce = {float(total)}')",
+        "%%horovod_run\nif rank == 1:\n    raise ValueError('rank 1 got a bad batch')\nprint(f'rank {rank} is fine')"]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_horovod_cells_and_a_failing_rank_as_jupyterlab_shows_them(job_lab: JobLab, tf_env) -> None:  # type: ignore[no-untyped-def]
+    """What the README's tour shows, from a real run: a %%horovod_run cell's rank-prefixed output, and the error
+    display when one rank raises (every failing rank's traceback, the others' output, the kernel alive)."""
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser, page = _notebook_page(p, job_lab, tf_env, "tour.ipynb", TOUR)
+        for _ in TOUR:  # queued one after the other, as a person runs them
+            page.keyboard.press("Shift+Enter")
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        try:
+            page.wait_for_selector("text=rank 1 got a bad batch", timeout=300_000)
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "tour-failed.png"))
+            raise
+        ran = cells.nth(1).inner_text()
+        assert "[rank 0 n1] rank 0 of 2: allreduce = 3.0" in ran and "[rank 1 n1] rank 1 of 2: allreduce = 3.0" in ran
+        failed = cells.nth(2).inner_text()
+        assert "[rank 0 n1] rank 0 is fine" in failed and "ValueError" in failed and "1 of 2 ranks failed" in failed
+        cells.nth(1).screenshot(path=str(ARTIFACTS / "horovod-run-cell.png"))
+        cells.nth(2).screenshot(path=str(ARTIFACTS / "rank-error.png"))
+        browser.close()
+    server = Server(job_lab.url, job_lab.token, Path("/dev/null"))
+    for kernel in server.request("GET", "/api/kernels")[1]:  # its engines go with it
+        server.request("DELETE", f"/api/kernels/{kernel['id']}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import sys
 import time
@@ -20,6 +19,7 @@ from ..allocation import Allocation
 from ..engines import Engines, plan, run_on_ranks
 from ..errors import HPCAIError
 from ..proc import run
+from .stamp import stamp
 
 
 def rank_counts(allocation: Allocation, wanted: list[int] | None) -> list[int]:
@@ -126,9 +126,10 @@ def _plot(rows: list[dict[str, Any]], path: Path, machine: str) -> None:
 
 
 def machine_description() -> str:
+    """When, at which commit and where: the stamp, and the job's layout."""
     alloc = Allocation.current(query_end=False)
     where = f"job {alloc.job_id}: {len(alloc.nodes)} nodes x {alloc.gpus_per_node} GPUs" if alloc else "no job"
-    return f"{platform.node()}, {os.cpu_count()} cores, {where}"
+    return f"{stamp()}, {where}"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -140,7 +140,7 @@ class Builder:
                         f"env '{self.name}' already has a pip layer ({len(manifest['pip'])} packages) and the recipe "
                         f"changes its conda layer: conda packages never go on top of pip ones (pip's files would be "
                         f"overwritten, or conda's solve would ignore what pip installed)",
-                        f"rebuild both layers in order: hpcai env build RECIPE --rebuild",
+                        "rebuild both layers in order: hpcai env build RECIPE --rebuild",
                     )
             else:  # only the pip layer changed: keep the conda layer exactly as it is
                 specs = conda.pinned_specs(manifest["conda"])
