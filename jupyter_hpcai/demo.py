@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import pwd
+import re
 import secrets
 import shutil
 import signal
@@ -240,9 +241,12 @@ def _secret(state: Path, name: str) -> str:
     return path.read_text().strip()
 
 
+# (step, cell, what its output must show: patterns that must all match; the step's line shows the first one's match)
 CHECK_CELLS = [
-    ("load the extension", "%load_ext jupyter_hpcai"),
-    ("start 4 engines on 2 nodes", "%hpc start"),
+    ("JupyterLab opens the demo notebook", "import os; print(os.environ.get('JUPYTERHUB_DEFAULT_URL'))",
+     [r"^/lab/tree/demo\.ipynb$"]),
+    ("load the extension", "%load_ext jupyter_hpcai", []),
+    ("start 4 engines on 2 nodes", "%hpc start", [r"^4 engines ready.*", r"\bn1\b", r"\bn2\b"]),
     ("train a small Keras model on 4 ranks", """%%horovod_run --output rank0
 import time, numpy as np, tensorflow as tf
 import horovod.tensorflow.keras as hvd_keras
@@ -257,8 +261,8 @@ history = model.fit(x, y, batch_size=32, epochs=3, verbose=0,
 rate = 3 * len(x) / (time.perf_counter() - start)
 total = float(hvd.allreduce(tf.constant(rate), op=hvd.Sum))
 print(f"loss {history.history['loss'][-1]:.4f}, {total:.0f} samples/sec on {size} ranks")
-"""),
-    ("stop the engines", "%hpc stop"),
+""", [r"loss \S+, \d+ samples/sec on 4 ranks"]),
+    ("stop the engines", "%hpc stop", [r"^engines stopped$"]),
 ]
 
 
@@ -288,10 +292,13 @@ def check(hub: HubProcess, say: Say) -> int:
         step("open a kernel from the tf-horovod-cpu env", "id" in kernel, kernel.get("message", ""))
         if "id" not in kernel:
             return failures
-        for name, code in CHECK_CELLS:
+        for name, code, expect in CHECK_CELLS:
             result = asyncio.run(execute(base, token, kernel["id"], code, timeout=600))
-            out = result["stdout"].strip().splitlines()
-            step(name, result["status"] == "ok", (out[-1] if out else "") if result["status"] == "ok" else str(result["error"]))
+            out = result["stdout"].strip()
+            found = [re.search(pattern, out, re.M) for pattern in expect]
+            seen = found[0].group(0) if found and found[0] else (out.splitlines() or [""])[-1]
+            ran = result["status"] == "ok"
+            step(name, ran and all(found), seen if ran else str(result["error"]))
         request(f"{base}/api/kernels/{kernel['id']}", token, "DELETE")
     finally:
         hub.stop_server(DEMO_USER)

@@ -35,7 +35,9 @@ def test_demo_check_walks_the_whole_path(devcluster, tf_env, tmp_path: Path) -> 
     out = done.stdout
     assert done.returncode == 0, out[-4000:] + done.stderr[-2000:]
     for step in ("spawn a 2-node server through the REST API", "open a kernel from the tf-horovod-cpu env",
-                 "start 4 engines on 2 nodes", "train a small Keras model on 4 ranks", "stop the server"):
+                 "JupyterLab opens the demo notebook: /lab/tree/demo.ipynb",
+                 "start 4 engines on 2 nodes: 4 engines ready",
+                 "train a small Keras model on 4 ranks", "stop the engines: engines stopped", "stop the server"):
         assert f"[ok] {step}" in out, out
     assert "samples/sec on 4 ranks" in out and "the whole path works" in out
     assert "login: hpcai-demo   password: " in out
