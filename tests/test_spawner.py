@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pwd
 import re
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -190,13 +192,16 @@ def _progress_messages(hub: Hub, until: str, timeout: float = 60) -> list[str]:
                                  headers={"Authorization": f"token {hub.token}"})
     messages: list[str] = []
     deadline = time.monotonic() + timeout
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        for raw in resp:
-            line = raw.decode().strip()
-            if line.startswith("data:"):
-                messages.append(json.loads(line[5:]).get("message", ""))
-                if until in messages[-1] or time.monotonic() > deadline:
-                    break
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            for raw in resp:
+                line = raw.decode().strip()
+                if line.startswith("data:"):
+                    messages.append(json.loads(line[5:]).get("message", ""))
+                    if until in messages[-1] or time.monotonic() > deadline:
+                        break
+    except urllib.error.HTTPError as err:  # the spawn ended before the stream opened: the reply says how
+        messages.append(err.read().decode(errors="replace"))
     return messages
 
 
@@ -229,6 +234,28 @@ def test_a_request_the_scheduler_would_not_run_is_refused_before_submission(hub:
     assert status == 400 and "the scheduler would not run this request" in body["message"], body
     assert "artition" in body["message"] and "shorter walltime" in body["message"], body  # Slurm's words, then ours
     assert queued == ""
+
+
+def test_a_server_that_dies_at_start_says_why(hub: Hub) -> None:
+    """A server config in the user's home that breaks their server (here: a notebook folder that no longer
+    exists): the job ends just after the server was launched, and the hub answers with the job's end and the
+    last lines of its log, not a bare 500."""
+    home = Path(pwd.getpwnam(USER).pw_dir)
+    config = home / ".jupyter" / "jupyter_server_config.py"
+    config.parent.mkdir(exist_ok=True)
+    config.write_text('c.ServerApp.root_dir = "/nonexistent/my-old-notebooks"\n')
+    try:
+        status, body = hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)"})
+        said = [body.get("message", "")]
+        if status < 400:  # still starting after the hub's 10 s: the spawn page's progress tells the end
+            said += _progress_messages(hub, until="Last lines of", timeout=180)
+        wait_until(lambda: hub.server() is None, timeout=120, what="the failed spawn to clear")
+    finally:
+        config.unlink()
+    text = "\n".join(said)
+    assert re.search(r"Job \d+ (ended before the Jupyter server answered|is not running)", text), text
+    assert "Last lines of" in text and "/nonexistent/my-old-notebooks" in text, text
+    assert "Internal Server Error" not in text, text
 
 
 def test_hub_restart_keeps_the_server_and_scancel_is_noticed(hub: Hub) -> None:

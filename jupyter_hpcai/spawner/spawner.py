@@ -179,7 +179,23 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             if await self.query_job_status() == JobStatus.NOTFOUND:
                 raise HPCAIError(await self._failure_report("ended before the Jupyter server started"))
             await asyncio.sleep(self.startup_poll_interval)
+        await self._wait_until_listening()
         return self.ip, self.port
+
+    async def _wait_until_listening(self) -> None:
+        """Wait until the server takes connections on the port it reported (it reports before it listens). One
+        that dies at start (a broken config in the user's home, say) ends its job: the spawn then fails with the
+        job's state and log, where JupyterHub, left to find it dead, would answer a bare 500."""
+        while True:
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(self.ip, self.port), timeout=2)
+                writer.close()
+                return
+            except (OSError, asyncio.TimeoutError):
+                pass
+            if await self.query_job_status() == JobStatus.NOTFOUND:
+                raise HPCAIError(await self._failure_report("ended before the Jupyter server answered"))
+            await asyncio.sleep(self.startup_poll_interval)
 
     async def query_job_status(self) -> JobStatus:
         """Slurm's word on the job. A failed query is UNKNOWN (the job is kept), never 'gone'."""
@@ -254,9 +270,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             if message != last:
                 yield {"progress": pct, "message": message}
                 last = message
-            if pct == 70:
-                return
-            await asyncio.sleep(1)
+            await asyncio.sleep(1)  # until the job ends; JupyterHub stops reading once the server is up
 
 
 def _command_env() -> dict[str, str]:
