@@ -46,19 +46,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    from jupyter_hpcai.bench.stamp import stamp
+
+    made = stamp()
     if _ATTACKS:
-        rows = ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in _ATTACKS]
-        table = ["| attack | outcome | observed |", "|---|---|---|", *rows]
+        blocked = f"{sum(o == 'blocked' for _, o, _ in _ATTACKS)} of {len(_ATTACKS)} blocked"
+        rows = ["| " + " | ".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + " |"
+                for row in _ATTACKS]
+        table = [f"# Attacks tried by the test run of {made}", "",
+                 f"{blocked}.", "",
+                 "| attack | outcome | observed |", "|---|---|---|", *rows]
         ARTIFACTS.mkdir(exist_ok=True)
         (ARTIFACTS / "security-attacks.md").write_text("\n".join(table) + "\n")
-        terminalreporter.section(f"attacks tried: {sum(o == 'blocked' for _, o, _ in _ATTACKS)} of {len(_ATTACKS)} "
-                                 "blocked (test-artifacts/security-attacks.md)")
+        terminalreporter.section(f"attacks tried: {blocked} (test-artifacts/security-attacks.md)")
         for name, outcome, seen in _ATTACKS:
             terminalreporter.write_line(f"{outcome:8} {name}: {seen}")
     if _BENCH:
-        from jupyter_hpcai.bench.stamp import stamp
-
-        made = stamp()
         terminalreporter.section(f"benchmarks (ratios against a baseline measured in the same run): {made}")
         for line in _BENCH:
             terminalreporter.write_line(line)

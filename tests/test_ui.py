@@ -144,14 +144,16 @@ def test_horovod_cells_and_a_failing_rank_as_jupyterlab_shows_them(job_lab: JobL
         for _ in TOUR:  # queued one after the other, as a person runs them
             page.keyboard.press("Shift+Enter")
         cells = page.locator(".jp-Notebook .jp-Cell")
-        try:
-            page.wait_for_selector("text=rank 1 got a bad batch", timeout=300_000)
+        try:  # the last cell's output (its source names the error too, so wait for the output area's words)
+            page.wait_for_function("[...document.querySelectorAll('.jp-Notebook .jp-Cell')][2]"
+                                   "?.querySelector('.jp-OutputArea')?.innerText.includes('ranks failed')",
+                                   timeout=300_000)
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "tour-failed.png"))
             raise
-        ran = cells.nth(1).inner_text()
+        ran = cells.nth(1).locator(".jp-OutputArea").inner_text()
         assert "[rank 0 n1] rank 0 of 2: allreduce = 3.0" in ran and "[rank 1 n1] rank 1 of 2: allreduce = 3.0" in ran
-        failed = cells.nth(2).inner_text()
+        failed = cells.nth(2).locator(".jp-OutputArea").inner_text()
         assert "[rank 0 n1] rank 0 is fine" in failed and "ValueError" in failed and "1 of 2 ranks failed" in failed
         cells.nth(1).screenshot(path=str(ARTIFACTS / "horovod-run-cell.png"))
         cells.nth(2).screenshot(path=str(ARTIFACTS / "rank-error.png"))

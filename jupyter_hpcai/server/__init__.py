@@ -1,4 +1,5 @@
-"""jupyter_server extension: authenticated REST endpoints for the JupyterLab side panel."""
+"""jupyter_server extension: authenticated REST endpoints for the JupyterLab side panel, and encrypted kernel
+connections where the kernel can take them."""
 
 from __future__ import annotations
 
@@ -14,3 +15,7 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 def _load_jupyter_server_extension(server_app: Any) -> None:
     setup_handlers(server_app.web_app)
     server_app.log.info("jupyter_hpcai: /hpcai/api/allocation and /hpcai/api/engines ready")
+    # CurveZMQ for kernels whose kernelspec says they take it (kernelspec.py declares it for envs whose ipykernel
+    # and zmq can), unless the server's own config chose a policy
+    if "transport_encryption" not in server_app.config.get("MappingKernelManager", {}):
+        server_app.kernel_manager.transport_encryption = "auto"
