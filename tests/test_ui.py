@@ -51,7 +51,9 @@ def _notebook_page(playwright, job_lab: JobLab, env, name: str, cells: list[str]
                                             "language": "python"}},
                 "nbformat": 4, "nbformat_minor": 5}
     (job_lab.root / name).write_text(json.dumps(notebook))
-    browser, page = _lab_page(playwright, job_lab, f"lab/tree/{name}")
+    # a workspace of its own: JupyterLab would reopen other tests' notebooks beside it, and keys and selectors
+    # could reach one of those
+    browser, page = _lab_page(playwright, job_lab, f"lab/workspaces/{name.removesuffix('.ipynb')}/tree/{name}")
     # the kernel must be idle first: an earlier Shift+Enter is silently dropped
     page.wait_for_function("document.querySelector('#jp-main-statusbar')?.innerText.includes('| Idle')",
                            timeout=120_000)
