@@ -56,13 +56,22 @@ def devcluster() -> None:
 @click.option("--nodes", default=2, show_default=True, help="Number of nodes (n1..nN).")
 @click.option("--gpus-per-node", default=4, show_default=True, help="Fake GPUs on each node.")
 @click.option("--port", default=6817, show_default=True, help="slurmctld port; node i uses port+i.")
+@click.option("--single-host", is_flag=True, help="Every node on this host's loopback (no network namespaces).")
+@click.option("--network", default="10.213.0.0/24", show_default=True,
+              help="Private address block: the host (login node) gets the first address, node i the (i+1)th.")
+@click.option("--bridge", default="hpcai0", show_default=True, help="Name of the bridge joining the nodes.")
+@click.option("--netns-prefix", default="hpcai-", show_default=True, help="Node i's namespace is PREFIXni.")
 @state_dir_option
-def devcluster_up(nodes: int, gpus_per_node: int, port: int, state_dir: Path | None) -> None:
+def devcluster_up(nodes: int, gpus_per_node: int, port: int, single_host: bool, network: str, bridge: str,
+                  netns_prefix: str, state_dir: Path | None) -> None:
     """Start the dev cluster (harmless when it already runs) and wait until every node is idle."""
     kwargs = {"state_dir": state_dir} if state_dir else {}
-    cluster = DevCluster(nodes=nodes, gpus_per_node=gpus_per_node, port=port, **kwargs)
+    cluster = DevCluster(nodes=nodes, gpus_per_node=gpus_per_node, port=port, separate_hosts=not single_host,
+                         network=network, bridge=bridge, netns_prefix=netns_prefix, **kwargs)
     with console.status("starting munge, slurmctld and the slurmds..."):
         cluster.up()
+    if cluster.note:
+        console.print(f"[yellow]note:[/] the nodes share this host's loopback: {esc(cluster.note)}")
     _show_status(cluster)
     console.print(f"\nTo use it from a shell: [bold]export SLURM_CONF={esc(cluster.conf)}[/]")
 
@@ -97,11 +106,13 @@ def _show_status(cluster: DevCluster) -> None:
         daemons.add_row(esc(name), str(pid) if pid else "[red]not running[/]")
     console.print(daemons)
     if status["nodes"]:
-        nodes = Table("node", "state", "partitions", "cpus", "gpus")
+        addresses: dict[str, str] = status["addresses"]  # type: ignore[assignment]
+        nodes = Table("node", "address", "state", "partitions", "cpus", "gpus",
+                      title=f"{esc(status['mode'])}; login node {esc(status['login_address'])}")
         for n in status["nodes"]:  # type: ignore[union-attr]
             colour = "green" if n.usable else "red"
-            nodes.add_row(esc(n.name), f"[{colour}]{esc(n.state)}[/]", esc(",".join(n.partitions)), str(n.cpus),
-                          str(n.gpus))
+            nodes.add_row(esc(n.name), esc(addresses.get(n.name, "")), f"[{colour}]{esc(n.state)}[/]",
+                          esc(",".join(n.partitions)), str(n.cpus), str(n.gpus))
         console.print(nodes)
 
 

@@ -101,8 +101,14 @@ def job_info(job_id: int | str, env: Mapping[str, str] | None = None) -> dict[st
 
 def node_address(name: str, env: Mapping[str, str] | None = None) -> str:
     """The address Slurm reaches a node at (NodeAddr), which its other nodes can reach too."""
-    out = run(["scontrol", "--oneliner", "show", "node", name], env=env, timeout=30).stdout
-    return parse_key_values(out).get("NodeAddr", name)
+    return node_addresses([name], env)[name]
+
+
+def node_addresses(names: list[str], env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Each node's NodeAddr, in one scontrol call (a node without one: its name)."""
+    out = run(["scontrol", "--oneliner", "show", "node", ",".join(names)], env=env, timeout=30).stdout
+    found = {kv.get("NodeName", ""): kv.get("NodeAddr", "") for kv in map(parse_key_values, out.splitlines())}
+    return {name: found.get(name) or name for name in names}
 
 
 @dataclass(frozen=True)

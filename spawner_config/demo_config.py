@@ -9,15 +9,23 @@ scripts). Everything else is the site config below.
 
 import os
 import sys
+from pathlib import Path
 
 import batchspawner  # noqa: F401  registers the hub's /hub/api/batchspawner handler
+
+from jupyter_hpcai.devcluster import DevCluster
 
 c = get_config()  # noqa: F821
 hub_dir = os.environ.get("HPCAI_HUB_DIR", "/var/lib/hpcai/hub")
 port = int(os.environ.get("HPCAI_HUB_PORT", "8000"))
 
-c.JupyterHub.bind_url = f"http://127.0.0.1:{port}"
-c.JupyterHub.hub_ip = "127.0.0.1"  # the dev cluster's nodes are this machine; on a site: an address nodes reach
+c.JupyterHub.bind_url = f"http://127.0.0.1:{port}"  # users come through an ssh tunnel to this host
+# The hub's API listens where the servers on the nodes reach it: the login node's address on the dev cluster's
+# bridge (loopback where the nodes share this host's address). hub_connect_ip is what the servers are told.
+conf = os.environ.get("SLURM_CONF")
+login = DevCluster.load(Path(conf).parent if conf else None).login_address
+c.JupyterHub.hub_ip = login
+c.JupyterHub.hub_connect_ip = login
 c.JupyterHub.hub_port = int(os.environ.get("HPCAI_HUB_INTERNAL_PORT", port + 1))
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{os.environ.get('HPCAI_PROXY_API_PORT', port + 2)}"
 c.JupyterHub.db_url = f"sqlite:///{hub_dir}/jupyterhub.sqlite"

@@ -9,8 +9,10 @@ import batchspawner  # noqa: F401  registers the hub's /hub/api/batchspawner han
 
 c = get_config()  # noqa: F821
 
-# EDIT: the address your compute nodes reach the hub at (not 127.0.0.1).
+# EDIT: where the hub's API listens, and the address your compute nodes reach it at (not 127.0.0.1). With
+# hub_ip = "0.0.0.0", hub_connect_ip must name the login node's address on the compute nodes' network.
 c.JupyterHub.hub_ip = "10.0.0.1"
+c.JupyterHub.hub_connect_ip = "10.0.0.1"
 c.JupyterHub.bind_url = "https://jupyter.example.org"
 c.JupyterHub.cleanup_servers = False  # notebook jobs outlive a hub restart
 
@@ -24,7 +26,11 @@ c.HPCSlurmSpawner.denied_users = {"nobody"}
 c.HPCSlurmSpawner.job_umask = 0o077  # job logs and what servers create are private to their user
 c.Spawner.cmd = [f"{sys.prefix}/bin/jupyterhub-singleuser"]  # a python every compute node can run
 c.HPCSlurmSpawner.batchspawner_singleuser_cmd = f"{sys.prefix}/bin/batchspawner-singleuser"
-c.HPCSlurmSpawner.bind_ip = "0.0.0.0"  # servers listen on their compute node; the hub connects to its NodeAddr
+# Servers listen on their node's Slurm NodeAddr (the default, ""), where the hub connects; "0.0.0.0" for every
+# interface. Inside a kernel, the engines' controller binds the NodeAddr too, and every rank talks on the
+# interface holding its node's NodeAddr (Open MPI, Gloo, NCCL), unless OMPI_MCA_btl_tcp_if_include,
+# HOROVOD_GLOO_IFACE, GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME are set (e.g. in a module or the job prologue).
+c.HPCSlurmSpawner.bind_ip = ""
 c.Spawner.default_url = "/lab"
 c.Spawner.env_keep = ["PATH", "LANG", "LC_ALL", "HPCAI_ENV_ROOT"]
 c.Spawner.start_timeout = 900  # queues can be long; the spawn page shows why a job waits

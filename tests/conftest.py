@@ -250,6 +250,21 @@ class JobKernel:
         return cell
 
 
+# In a job's shell line: the node's address as Slurm knows it, where the test (on the login node) reaches a
+# server or kernel that the job starts (the node's loopback is its own: unreachable from here).
+NODE_ADDRESS = "$(scontrol show node \"$SLURMD_NODENAME\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)"
+
+
+def job_node_address(job: int) -> str:
+    """The Slurm address of the first node of ``job``, once it runs."""
+    from jupyter_hpcai import slurm
+    from jupyter_hpcai.proc import wait_until
+
+    host = wait_until(lambda: ((slurm.job_info(job) or {}).get("BatchHost") or "").replace("(null)", ""),
+                      timeout=300, what=f"job {job} to start")
+    return slurm.node_address(host)
+
+
 @contextmanager
 def kernel_in_job(env: Env, work: Path, sbatch_args: tuple[str, ...] = ("-N2", "--ntasks-per-node=2", "--gpus-per-node=2"),
                   environ: dict[str, str] | None = None) -> Iterator[JobKernel]:
@@ -264,7 +279,7 @@ def kernel_in_job(env: Env, work: Path, sbatch_args: tuple[str, ...] = ("-N2", "
     connection = work / "kernel.json"
     job = slurm.sbatch([*sbatch_args, "--time=00:45:00", f"--output={work}/job.out",
                         "--wrap", f"{Path(sys.executable).parent}/jupyter-kernel --kernel={kernelspec.kernel_name(env)} "
-                                  f"--KernelManager.connection_file={connection}"],
+                                  f"--KernelManager.connection_file={connection} --KernelManager.ip={NODE_ADDRESS}"],
                        env={**os.environ, **(environ or {}), "JUPYTER_PATH": str(work / "share" / "jupyter")})
     try:
         wait_until(lambda: _whole_json(connection), timeout=300,
@@ -314,14 +329,14 @@ def lab_in_job(tf_env: Env, work: Path, walltime: str = "00:30:00") -> Iterator[
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
     port, token = free_port(), secrets.token_hex(16)
-    cmd = (f"{Path(sys.executable).parent}/jupyter-lab --no-browser --allow-root --ip=127.0.0.1 --port={port} "
+    cmd = (f"{Path(sys.executable).parent}/jupyter-lab --no-browser --allow-root --ip={NODE_ADDRESS} --port={port} "
            f"--IdentityProvider.token={token} --ServerApp.root_dir={work}")
     job = slurm.sbatch(["-N1", "--ntasks-per-node=2", "--gpus-per-node=2", f"--time={walltime}",
                         f"--output={work}/lab.log", "--wrap", cmd],
                        env={**os.environ, "JUPYTER_PATH": str(work / "share" / "jupyter"),
                             "JUPYTERLAB_SETTINGS_DIR": str(work / "settings"), "IPYTHONDIR": str(work / "ipython")})
-    lab = JobLab(f"http://127.0.0.1:{port}", token, work, job)
     try:
+        lab = JobLab(f"http://{job_node_address(job)}:{port}", token, work, job)
         wait_until(lambda: answers(Server(lab.url, token, work / "lab.log")), timeout=120,
                    what=f"JupyterLab in job {job} to answer (its log: {work}/lab.log)")
         yield lab

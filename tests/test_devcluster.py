@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,11 +11,14 @@ from pathlib import Path
 import pytest
 
 from jupyter_hpcai import slurm
-from jupyter_hpcai.devcluster import DevCluster, check_prerequisites
+from jupyter_hpcai.devcluster import SEPARATE, DevCluster, check_prerequisites
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
 
 pytestmark = pytest.mark.slurm
+
+# A second cluster beside the session's: its own block, bridge and namespaces.
+OTHER_NETWORK = {"network": "10.213.1.0/24", "bridge": "hpcait", "netns_prefix": "hpcait-"}
 
 # Holds its GPUs until the file named by $1 exists, after each node has reported its GPUs.
 HOLD_GPUS = """#!/bin/bash
@@ -100,7 +104,7 @@ def _daemon_pids(state_dir: Path) -> list[int]:
 
 def test_down_stops_everything_and_up_works_again(devcluster: DevCluster, tmp_path: Path) -> None:
     """A second, separate cluster (own state dir and ports) beside the session's one."""
-    other = DevCluster(state_dir=tmp_path / "cluster", nodes=2, gpus_per_node=1, port=7817)
+    other = DevCluster(state_dir=tmp_path / "cluster", nodes=2, gpus_per_node=1, port=7817, **OTHER_NETWORK)
     try:
         for _ in range(2):
             other.up()
@@ -136,3 +140,114 @@ def test_cli_without_root_says_so() -> None:
     assert done.returncode == 1, done.stderr
     assert "needs root" in done.stdout and "sudo" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
+
+
+# On n1: listen on loopback and on the node's address, say so, answer each connection with the node's name.
+LISTEN = """
+import os, socket, sys, time
+port, addr, ready = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+socks = [socket.create_server((host, port)) for host in ("127.0.0.1", addr)]
+open(ready, "w").write("listening")
+deadline = time.monotonic() + 60
+for s in socks:
+    s.settimeout(0.2)
+while time.monotonic() < deadline and not os.path.exists(ready + ".done"):
+    for s in socks:
+        try:
+            conn, _ = s.accept()
+        except TimeoutError:
+            continue
+        conn.sendall(os.environ["SLURMD_NODENAME"].encode())
+        conn.close()
+"""
+# On n2 (and on the login node): what connecting to each address gives.
+DIAL = """
+import json, socket, sys
+seen = {}
+for host in sys.argv[2:]:
+    try:
+        with socket.create_connection((host, int(sys.argv[1])), timeout=5) as c:
+            seen[host] = "answered by " + c.recv(16).decode()
+    except OSError as err:
+        seen[host] = type(err).__name__
+print(json.dumps(seen))
+"""
+
+
+def test_nodes_are_separate_hosts(devcluster: DevCluster, tmp_path: Path) -> None:
+    """A listener bound to loopback inside n1 is not reachable from n2 (nor from the login node); one on n1's
+    address is, from both."""
+    if devcluster.mode != SEPARATE:
+        pytest.skip(f"the dev cluster runs with {devcluster.mode}: {devcluster.note}")
+    n1, n2 = devcluster.node_address("n1"), devcluster.node_address("n2")
+    assert len({n1, n2, devcluster.login_address}) == 3 and not any(a.startswith("127.") for a in (n1, n2))
+    ready, port = tmp_path / "ready", 47913
+    listener = subprocess.Popen(["srun", "-N1", "-w", "n1", sys.executable, "-c", LISTEN, str(port), n1, str(ready)])
+    try:
+        wait_until(ready.exists, timeout=60, what="the listener on n1")
+        dial = ["-c", DIAL, str(port), "127.0.0.1", n1]
+        from_n2 = subprocess.run(["srun", "-N1", "-w", "n2", sys.executable, *dial], capture_output=True, text=True,
+                                 timeout=60, check=True).stdout
+        from_login = subprocess.run([sys.executable, *dial], capture_output=True, text=True, timeout=60,
+                                    check=True).stdout
+    finally:
+        Path(f"{ready}.done").touch()
+        listener.wait(timeout=60)
+    print(f"from n2: {from_n2.strip()}\nfrom the login node: {from_login.strip()}")
+    for seen in (json.loads(from_n2), json.loads(from_login)):
+        assert seen == {"127.0.0.1": "ConnectionRefusedError", n1: "answered by n1"}
+    routes = subprocess.run(["srun", "-N1", "-w", "n1", "ip", "route"], capture_output=True, text=True, timeout=60,
+                            check=True).stdout
+    assert routes.split() == ["10.213.0.0/24", "dev", "hpc0", "proto", "kernel", "scope", "link", "src", n1], routes
+
+
+def _leftovers(cluster: DevCluster) -> list[str]:
+    """Namespaces, links and hosts lines of ``cluster``'s network that exist now."""
+    spaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, timeout=30).stdout
+    found = [line for line in spaces.splitlines() if line.startswith(cluster.netns_prefix)]
+    found += [line for line in links.splitlines() if f" {cluster.bridge}" in line or f"{cluster.bridge}-" in line]
+    addresses = {cluster.node_address(n) for n in cluster.node_names}
+    found += [line for line in Path("/etc/hosts").read_text().splitlines()
+              if str(cluster.state_dir) in line or line.split()[:1] in ([a] for a in addresses)]
+    return found
+
+
+# A test run that brings a cluster up, starts a job, and is then killed with SIGKILL.
+KILLED_RUN = """
+import sys, time
+from pathlib import Path
+from jupyter_hpcai import slurm
+from jupyter_hpcai.devcluster import DevCluster
+cluster = DevCluster(state_dir=Path(sys.argv[1]), nodes=2, gpus_per_node=1, port=7917, **eval(sys.argv[2]))
+cluster.up()
+slurm.sbatch(["-N2", f"--output={sys.argv[1]}/job.out", "--wrap", "srun sleep 600"], env=cluster.environ())
+print(cluster.mode, flush=True)
+time.sleep(600)
+"""
+
+
+def test_down_after_a_killed_run_leaves_no_network_behind(devcluster: DevCluster, tmp_path: Path) -> None:
+    if devcluster.mode != SEPARATE:
+        pytest.skip(f"the dev cluster runs with {devcluster.mode}: {devcluster.note}")
+    state = tmp_path / "killed"
+    run = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(state), repr(OTHER_NETWORK)], stdout=subprocess.PIPE,
+                           text=True)
+    try:
+        assert run.stdout is not None and run.stdout.readline().strip() == SEPARATE
+        cluster = DevCluster.load(state)
+        wait_until(lambda: "RUNNING" in subprocess.run(["squeue", "-h", "-o", "%T"], env=cluster.environ(),
+                                                       capture_output=True, text=True, timeout=30).stdout,
+                   timeout=60, what="the killed run's job to run")
+        assert len(_leftovers(cluster)) >= 2 + 3 + 4  # namespaces; bridge and veths; hosts block (2 lines + 2 marks)
+    finally:
+        run.kill()
+        run.wait(timeout=30)
+    done = subprocess.run([str(Path(sys.executable).parent / "hpcai"), "devcluster", "down", "--state-dir", str(state)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _leftovers(cluster) == []
+    assert _daemon_pids(state) == []
+    assert all(devcluster.status()["daemons"].values()), "the session's cluster must be untouched"
+    again = subprocess.run(done.args, capture_output=True, text=True, timeout=60)  # nothing left: harmless
+    assert again.returncode == 0 and _leftovers(cluster) == [], again.stdout + again.stderr

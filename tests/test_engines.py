@@ -5,6 +5,7 @@ Fake here: only the GPUs (character devices Slurm hands out; CUDA_VISIBLE_DEVICE
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -14,6 +15,7 @@ import pytest
 
 from conftest import JobKernel, kernel_in_job
 from jupyter_helpers import wait_for_stream
+from jupyter_hpcai.devcluster import SEPARATE
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -151,6 +153,47 @@ def test_killed_rank_is_reported_and_kernel_survives(world: JobKernel) -> None:
     assert world.run("%hpc restart").status == "ok"
     cell = world.run("%%horovod_run\nimport tensorflow as tf\nfloat(hvd.allreduce(tf.constant(1.0), op=hvd.Sum))")
     assert cell.status == "ok" and cell.result == "4.0"
+
+
+def test_ranks_on_two_hosts_talk_on_their_node_address(world: JobKernel, devcluster) -> None:  # type: ignore[no-untyped-def]
+    """The controller listens on the kernel's node address; every rank, on n1 or n2, knows its node's address
+    and points Open MPI, Horovod's Gloo and NCCL at the interface that holds it."""
+    cell = world.run("%%horovod_run -o seen\nimport os\n"
+                     "[os.environ[v] for v in ('SLURMD_NODENAME', 'HPCAI_NODE_ADDR', 'OMPI_MCA_btl_tcp_if_include', "
+                     "'HOROVOD_GLOO_IFACE', 'NCCL_SOCKET_IFNAME')]")
+    assert cell.status == "ok", cell.error
+    seen = [json.loads(row) for row in world.run("import json\nfor r in seen: print(json.dumps(r))").stdout.splitlines()]
+    controller = world.run("import jupyter_hpcai.engines as E, os\n"
+                           "print(E.current().cluster.controller_ip, os.environ['SLURMD_NODENAME'])").stdout.split()
+    print(f"dev cluster: {devcluster.mode}; controller {controller}; ranks {seen}")
+    iface = "hpc0" if devcluster.mode == SEPARATE else "lo"
+    assert controller[0] == devcluster.node_address(controller[1])
+    assert {r[0] for r in seen} == {"n1", "n2"} and len(seen) == 4
+    assert all(r[1] == devcluster.node_address(r[0]) and r[2:] == [iface] * 3 for r in seen), seen
+
+
+def test_benchmark_allreduce_across_hosts(devcluster, tf_env, bench: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """Printed: a 16 MiB Horovod allreduce between 2 ranks on 2 nodes / the same on one node, over MPI and over
+    Gloo (its own controller and rendezvous, as horovodrun --gloo); alternating, 3 times each, medians.
+    Asserted: each run spanned the nodes it was asked to, on the transport asked for."""
+    import statistics
+    import subprocess
+
+    times: dict[tuple[str, int], list[float]] = {}
+    for _ in range(3):
+        for transport in ("mpi", "gloo"):
+            for nodes in (2, 1):
+                done = subprocess.run([str(tf_env.current().python), "-m", "jupyter_hpcai.bench.allreduce",
+                                       f"--nodes={nodes}", "--ranks=2", f"--transport={transport}"],
+                                      capture_output=True, text=True, timeout=600)
+                found = re.search(r"allreduce median_ms ([\d.]+) ranks 2 nodes (\d) transport (\w+)", done.stdout)
+                assert done.returncode == 0 and found, done.stdout + done.stderr
+                assert (int(found.group(2)), found.group(3)) == (nodes, transport)
+                times.setdefault((transport, nodes), []).append(float(found.group(1)))
+    for transport in ("mpi", "gloo"):
+        across, one = statistics.median(times[(transport, 2)]), statistics.median(times[(transport, 1)])
+        bench.append(f"16 MiB allreduce, 2 ranks, {transport}: across 2 nodes {across:.1f} ms / on one node {one:.1f} ms"
+                     f" = {across / one:.2f} (dev cluster: {devcluster.mode}; 3 alternating runs, medians)")
 
 
 def test_benchmarks(world: JobKernel, bench: list[str]) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import JobKernel, kernel_in_job
+from jupyter_hpcai.devcluster.cluster import SEPARATE
 from jupyter_hpcai.envs import Builder, EnvStore, load_recipe
 from jupyter_hpcai.errors import HPCAIError
 
@@ -32,17 +33,23 @@ def world(devcluster, tf_env, tmp_path_factory: pytest.TempPathFactory):  # type
         yield kernel
 
 
-def test_connection_files_are_private_and_controller_binds_the_node_address(world: JobKernel) -> None:
-    info = json.loads(world.run("import json, jupyter_hpcai.engines as E; c = E.current().cluster\n"
+def test_connection_files_are_private_and_controller_binds_the_node_address(world: JobKernel, devcluster) -> None:  # type: ignore[no-untyped-def]
+    info = json.loads(world.run("import json, os, jupyter_hpcai.engines as E; c = E.current().cluster\n"
                                 "print(json.dumps({'dir': c.profile_dir, 'id': c.cluster_id, "
-                                "'pid': c.controller.process.pid}))").stdout)
+                                "'pid': c.controller.process.pid, 'node': os.environ['SLURMD_NODENAME']}))").stdout)
     security = Path(info["dir"]) / "security"
     assert stat.S_IMODE(security.stat().st_mode) == 0o700  # nobody else may even list it
     files = [f for f in security.iterdir() if f.name.startswith(f"ipcontroller-{info['id']}")]  # the keys
     assert len(files) == 2 and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
-    listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=30).stdout
+    # the sockets as the kernel's node sees them (with separate hosts, this host sees none of them)
+    listening = world.run("import subprocess; print(subprocess.run(['ss', '-ltnpH'], capture_output=True, text=True,"
+                          " timeout=30).stdout)").stdout
     ours = [ln.split()[3] for ln in listening.splitlines() if f"pid={info['pid']}," in ln]
-    assert ours and all(addr.startswith("127.0.0.1:") for addr in ours), ours  # NodeAddr of n1, never 0.0.0.0
+    node_address = devcluster.node_address(info["node"])
+    print(f"dev cluster: {devcluster.mode}; controller on {info['node']} listens on {ours}")
+    assert ours and all(addr.startswith(f"{node_address}:") for addr in ours), ours  # the NodeAddr, never 0.0.0.0
+    if devcluster.mode == SEPARATE:  # the node's own address, told apart from the loopback fallback
+        assert not node_address.startswith("127."), node_address
     # another unix user cannot read the keys that let a client drive these engines
     reader = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "cat", str(files[0])],
                             capture_output=True, text=True, timeout=30)

@@ -18,6 +18,7 @@ import pytest
 from hub_helpers import USER, Hub
 from jupyter_helpers import Server, execute
 from jupyter_hpcai import slurm
+from jupyter_hpcai.devcluster import SEPARATE
 from jupyter_hpcai.proc import wait_until
 from jupyter_hpcai.slurm import Partition
 from jupyter_hpcai.spawner.options import OptionsError, Profile, merge_limits, validate
@@ -131,11 +132,30 @@ def _seconds(stamp: str) -> float:
     return dt.datetime.fromisoformat(stamp).timestamp()
 
 
-def test_rest_spawn_two_nodes_one_server(hub: Hub) -> None:
+# Inside the server's node: where the server listens (the URL the hub gave it), and what answers there.
+BIND_PROBE = """
+import json, os, socket, urllib.parse
+url = urllib.parse.urlparse(os.environ["JUPYTERHUB_SERVICE_URL"])
+def dial(host):
+    try:
+        socket.create_connection((host, url.port), timeout=5).close()
+        return "open"
+    except OSError as err:
+        return type(err).__name__
+print(json.dumps({"host": url.hostname, "loopback": dial("127.0.0.1"), "node": dial(url.hostname)}))
+"""
+
+
+def test_rest_spawn_two_nodes_one_server(hub: Hub, devcluster) -> None:  # type: ignore[no-untyped-def]
     status, body = hub.api("POST", f"/users/{USER}/server", {"profile": "2 nodes x 2 GPUs", "nodes": 2, "gpus_per_node": 2})
     assert status in (201, 202), body
     hub.wait_ready()
     job = _job_of_user()
+    bound = json.loads(_run_in_server(hub, BIND_PROBE))  # this came through the hub's proxy to that address
+    print(f"dev cluster: {devcluster.mode}; the server listens on {bound}")
+    assert bound["host"] == devcluster.node_address("n1") and bound["node"] == "open"
+    if devcluster.mode == SEPARATE:  # on its node's address only: the hub reached it there, not on a loopback
+        assert bound["loopback"] == "ConnectionRefusedError", bound
     seen = json.loads(_run_in_server(hub, ENV_PROBE))
     assert seen["SLURM_JOB_NUM_NODES"] == "2" and slurm.expand_hostlist(seen["SLURM_JOB_NODELIST"]) == ["n1", "n2"]
     assert len(seen["CUDA_VISIBLE_DEVICES"].split(",")) == 2 and seen["SLURMD_NODENAME"] == "n1"

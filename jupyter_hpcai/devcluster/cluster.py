@@ -1,7 +1,9 @@
-"""Start and stop munge, slurmctld and one slurmd per node, all on this host.
+"""Start and stop munge, slurmctld and one slurmd per node, all on this machine.
 
-Every file (config, spool, state, pid files, logs, fake GPU devices) lives under one state
-directory; every daemon is stopped by the PID in its pid file.
+Each node is its own network host (network.py): its slurmd, and so every job step on it, runs in the
+node's namespace with the node's address and hostname; slurmctld (and the hub) stay on the host, the
+login node. Every file (config, spool, state, pid files, logs, fake GPU devices) lives under one state
+directory, shared by all; every daemon is stopped by the PID in its pid file.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from string import Template
 from .. import paths, slurm
 from ..errors import HPCAIError
 from ..proc import run, start_daemon, wait_until
+from ..network import LOOPBACK
+from .network import Network
 
 INSTALL_HINT = "apt-get install -y slurm-wlm munge openmpi-bin libopenmpi-dev"
 _PROGRAMS = ("munged", "slurmctld", "slurmd", "sinfo", "squeue", "sbatch", "srun", "scancel", "scontrol")
@@ -61,12 +65,17 @@ class Daemon:
         return pid if Path(argv0).name == self.program else None
 
 
+SEPARATE, SHARED = "separate hosts", "one shared address"  # the two network modes
+
+
 @dataclass
 class DevCluster:
     """A dev cluster: ``nodes`` nodes named n1..nN, each with ``gpus_per_node`` fake GPUs.
 
     slurmctld listens on ``port`` and node i's slurmd on ``port + i``, so clusters with
-    different state directories and ports can run side by side.
+    different state directories and ports can run side by side. With ``separate_hosts`` each
+    node gets its own network namespace and an address of ``network`` on the bridge ``bridge``;
+    ``mode`` says what ``up`` could make (``note`` why, when it fell back to one shared address).
     """
 
     state_dir: Path = field(default_factory=paths.devcluster_dir)
@@ -74,6 +83,12 @@ class DevCluster:
     gpus_per_node: int = 4
     cpus_per_node: int = 8
     port: int = 6817
+    separate_hosts: bool = True
+    network: str = "10.213.0.0/24"
+    bridge: str = "hpcai0"
+    netns_prefix: str = "hpcai-"
+    mode: str = field(default="", compare=False)
+    note: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).absolute()
@@ -81,6 +96,7 @@ class DevCluster:
             raise HPCAIError(f"--nodes must be between 1 and 16, not {self.nodes}")
         if not 0 <= self.gpus_per_node <= 16:
             raise HPCAIError(f"--gpus-per-node must be between 0 and 16, not {self.gpus_per_node}")
+        self.net  # validates the network settings
 
     @classmethod
     def load(cls, state_dir: Path | None = None) -> DevCluster:
@@ -100,6 +116,18 @@ class DevCluster:
     @property
     def node_names(self) -> list[str]:
         return [f"n{i}" for i in range(1, self.nodes + 1)]
+
+    @property
+    def net(self) -> Network:
+        return Network(self.state_dir, tuple(self.node_names), self.network, self.bridge, self.netns_prefix)
+
+    @property
+    def login_address(self) -> str:
+        """Where the nodes reach this host (slurmctld, the hub): the bridge's address, or loopback."""
+        return self.net.login_address if self.mode == SEPARATE else LOOPBACK
+
+    def node_address(self, node: str) -> str:
+        return self.net.address(node) if self.mode == SEPARATE else LOOPBACK
 
     @property
     def nodelist(self) -> str:
@@ -134,11 +162,15 @@ class DevCluster:
             saved = DevCluster.load(self.state_dir)
             if saved != self:
                 raise HPCAIError(
-                    f"a different dev cluster ({saved.nodes} nodes x {saved.gpus_per_node} GPUs, port {saved.port})"
-                    f" is running in {self.state_dir}",
+                    f"a different dev cluster ({saved.nodes} nodes x {saved.gpus_per_node} GPUs, port {saved.port},"
+                    f" {saved.mode}) is running in {self.state_dir}",
                     f"stop it first: hpcai devcluster down --state-dir {self.state_dir}",
                 )
+            self.mode, self.note = saved.mode, saved.note
         else:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            self.note = self.net.up() if self.separate_hosts else "asked for one shared address (--single-host)"
+            self.mode = SHARED if self.note else SEPARATE
             self._write_files()
         env = self.environ()
         munged, ctld, *slurmds = self.daemons()
@@ -156,7 +188,8 @@ class DevCluster:
             start_daemon(["slurmctld", "-i"], log=log / "slurmctld.start.log", env=env)
         for node, daemon in zip(self.node_names, slurmds):
             if not daemon.pid():
-                start_daemon(["slurmd", "-N", node], log=log / f"slurmd-{node}.start.log", env=env)
+                host = self.net.exec_prefix(node) if self.mode == SEPARATE else []
+                start_daemon([*host, "slurmd", "-N", node], log=log / f"slurmd-{node}.start.log", env=env)
         wait_until(
             self._all_nodes_usable, timeout=timeout, what="every dev-cluster node to be idle",
             hint=f"see the logs in {log}",
@@ -177,12 +210,15 @@ class DevCluster:
             except HPCAIError:
                 os.kill(pid, signal.SIGKILL)
                 wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout=5, what=f"{daemon.name} to die")
+        self.net.down()  # also what a crashed `up` or a killed run left
 
     def status(self) -> dict[str, object]:
         """Daemons with their PIDs, and the nodes as Slurm reports them (when slurmctld runs)."""
         daemons = {d.name: d.pid() for d in self.daemons()}
         nodes = slurm.nodes(self.environ()) if daemons["slurmctld"] and daemons["munged"] else []
-        return {"state_dir": str(self.state_dir), "conf": str(self.conf), "daemons": daemons, "nodes": nodes}
+        return {"state_dir": str(self.state_dir), "conf": str(self.conf), "daemons": daemons, "nodes": nodes,
+                "mode": self.mode, "note": self.note, "login_address": self.login_address,
+                "addresses": {n: self.node_address(n) for n in self.node_names}}
 
     # -- internals ------------------------------------------------------------------------
     def _all_nodes_usable(self) -> bool:
@@ -224,21 +260,26 @@ class DevCluster:
                 os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(GPU_DEVICE_MAJOR, i))
         host = socket.gethostname().split(".")[0]
         node_lines = "\n".join(
-            f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={self.port + i} CPUs={self.cpus_per_node}"
+            f"NodeName={n} NodeHostname={n if self.mode == SEPARATE else host} NodeAddr={self.node_address(n)}"
+            f" Port={self.port + i} CPUs={self.cpus_per_node}"
             + (f" Gres=gpu:{self.gpus_per_node}" if self.gpus_per_node else "")
             + " State=UNKNOWN"
             for i, n in enumerate(self.node_names, start=1)
         )
+        # One shared address: Open MPI excludes loopback by default, so name it; separate hosts need nothing.
+        loopback_only = ("echo \"export OMPI_MCA_btl_tcp_if_include=lo\"\n"
+                         "echo \"export OMPI_MCA_oob_tcp_if_include=lo\"\n") if self.mode == SHARED else ""
         values = {
             "state": str(state), "host": host, "ctld_port": str(self.port), "nodes": str(self.nodes),
             "nodelist": self.nodelist, "node_lines": node_lines, "last_gpu": str(self.gpus_per_node - 1),
+            "login_address": self.login_address, "mode": self.mode, "loopback_only": loopback_only,
         }
         templates = files(__package__) / "templates"
         self.conf.write_text(Template((templates / "slurm.conf").read_text()).substitute(values))
         gres = Template((templates / "gres.conf").read_text()).substitute(values) if self.gpus_per_node else ""
         (state / "gres.conf").write_text(gres)
         prolog = state / "task-prolog.sh"
-        prolog.write_text((templates / "task-prolog.sh").read_text())
+        prolog.write_text(Template((templates / "task-prolog.sh").read_text()).substitute(values))
         prolog.chmod(0o755)
         saved = {k: v for k, v in asdict(self).items() if k != "state_dir"}
         (state / "cluster.json").write_text(json.dumps(saved, indent=2) + "\n")

@@ -9,6 +9,8 @@ import pytest
 
 from .cluster import DevCluster
 
+_used: list[DevCluster] = []  # the session's cluster, for the summary line
+
 
 @pytest.fixture(scope="session")
 def devcluster() -> Iterator[DevCluster]:
@@ -21,6 +23,15 @@ def devcluster() -> Iterator[DevCluster]:
     started_here = not cluster.running()
     cluster.up()
     os.environ.update(cluster.variables())
+    _used.append(cluster)
     yield cluster
     if started_here:
         cluster.down()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say which network mode the tests ran on (tests that need separate hosts skip without it)."""
+    for cluster in _used:
+        nodes = ", ".join(f"{n} {cluster.node_address(n)}" for n in cluster.node_names)
+        note = f" ({cluster.note})" if cluster.note else ""
+        terminalreporter.write_line(f"dev cluster: {cluster.mode}{note}; login node {cluster.login_address}; {nodes}")

@@ -39,6 +39,7 @@ class Rank:
     gpu: str
     pid: int
     engine_id: int
+    addr: str = ""  # the node's address, which the other nodes reach
     alive: bool = True
 
 
@@ -73,7 +74,7 @@ class Engines:
         layout = plan(self.allocation, n=n, nodes=nodes, gpus_per_node=gpus_per_node, launcher=launcher)
         if self.running:
             self.stop()
-        launcher_class, traits = launcher_config(layout)
+        launcher_class, traits = launcher_config(layout, self._node_addresses())
         config = Config()
         for key, value in traits.items():
             setattr(config[launcher_class.__name__], key, value)
@@ -93,6 +94,10 @@ class Engines:
             self.stop()
             raise
         return self.ranks
+
+    def _node_addresses(self) -> dict[str, str]:
+        """Every node's Slurm address, for the ranks to find their interface (network.py); none outside a job."""
+        return slurm.node_addresses(self.allocation.nodes) if self.allocation and self.allocation.nodes else {}
 
     def _wait_for_engines(self, n: int, timeout: float, progress: Progress | None) -> None:
         assert self.client is not None and self.cluster is not None
@@ -115,10 +120,11 @@ class Engines:
     def _rank_table(self) -> list[Rank]:
         assert self.client is not None
         infos = self.client[:].apply_sync(rankside.rank_info)
-        ranks = [Rank(i["rank"], i["host"], i["gpu"], i["pid"], eid) for eid, i in zip(self.client.ids, infos)]
+        ranks = [Rank(i["rank"], i["host"], i["gpu"], i["pid"], eid, i["addr"])
+                 for eid, i in zip(self.client.ids, infos)]
         ranks.sort(key=lambda r: (r.rank, r.engine_id))
         if [r.rank for r in ranks] != list(range(len(ranks))):  # no MPI rank (local launcher without MPI)
-            ranks = [Rank(i, r.host, r.gpu, r.pid, r.engine_id) for i, r in enumerate(ranks)]
+            ranks = [Rank(i, r.host, r.gpu, r.pid, r.engine_id, r.addr) for i, r in enumerate(ranks)]
         return ranks
 
     def status(self) -> list[Rank]:

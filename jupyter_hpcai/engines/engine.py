@@ -1,4 +1,5 @@
-"""Engine bootstrap: pin this rank to one GPU and set thread counts, then run an ipyparallel engine.
+"""Engine bootstrap: pin this rank to one GPU, set thread counts and the interface ranks talk on (its node's
+address), then run an ipyparallel engine.
 
 Every launcher (srun, mpirun, local) starts ``python -m jupyter_hpcai.engines.engine``, so the
 pinning is the same whatever started the rank.
@@ -51,7 +52,11 @@ def pin(env: MutableMapping[str, str], cpu_count: int) -> None:
 
 
 def main() -> None:
+    from .. import network
+
     pin(os.environ, len(os.sched_getaffinity(0)))
+    os.environ["HPCAI_NODE_ADDR"] = address = network.node_address(os.environ)
+    network.rank_network(os.environ, network.interface_of(address))
     from ipyparallel.engine.app import main as engine_main
 
     sys.exit(engine_main())

@@ -44,12 +44,11 @@ def _init_horovod(ns: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
 
 def _torch_params(engines: Engines) -> dict[str, Any]:
     """Rendezvous for torch.distributed: rank 0's node address and a port free there."""
-    from .. import slurm
     from . import rankside
 
     first = engines.ranks[0]
     port = engines.client[first.engine_id].apply_sync(rankside.free_port)  # type: ignore[index]
-    addr = slurm.node_address(first.host) if engines.allocation else "127.0.0.1"
+    addr = first.addr
     hosts = [r.host for r in engines.ranks]
     return {"master_addr": addr, "master_port": port, "world_size": len(engines.ranks),
             "local_world_sizes": {h: hosts.count(h) for h in hosts},

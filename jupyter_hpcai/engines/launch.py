@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ipyparallel.cluster.launcher import MPIEngineSetLauncher
 from traitlets import List
 
-from .. import mpi
+from .. import mpi, network
 from ..allocation import Allocation
 from ..errors import HPCAIError
 
@@ -113,19 +114,23 @@ def engine_cmd(layout: Layout, environ: dict[str, str] | None = None) -> list[st
     return [*container["run"], container["python"], "-m", "jupyter_hpcai.engines.engine"]
 
 
-def launcher_config(layout: Layout) -> tuple[type, dict[str, object]]:
-    """The ipyparallel engine-set launcher class and its trait values for ``layout``."""
+def launcher_config(layout: Layout, addresses: Mapping[str, str]) -> tuple[type, dict[str, object]]:
+    """The ipyparallel engine-set launcher class and its trait values for ``layout``; ``addresses`` (node ->
+    Slurm address) reach every rank, which picks its own (network.py)."""
     program = engine_cmd(layout)
+    environment = {network.NODE_ADDRS: network.encode_addresses(addresses)} if addresses else {}
     if layout.launcher == "srun":
         args = [f"--nodes={layout.nodes}", f"--ntasks-per-node={layout.per_node}", "--distribution=block",
                 "--kill-on-bad-exit=1", "--overlap", "--label"]  # --label: which rank wrote each line (report.py)
-        return SrunEngineSetLauncher, {"mpi_args": args, "engine_cmd": program}
+        return SrunEngineSetLauncher, {"mpi_args": args, "engine_cmd": program, "environment": environment}
     args = ["--map-by", f"ppr:{layout.per_node}:node", "--oversubscribe", "--tag-output"]
     if os.geteuid() == 0:
         args.append("--allow-run-as-root")
     if layout.launcher == "local":
         args += ["--host", f"localhost:{layout.n}"]
-    return MpirunEngineSetLauncher, {"mpi_args": args, "engine_cmd": program}
+    else:  # mpirun starts its ranks with the environment it was given, once told to pass a variable on
+        args += ["-x", network.NODE_ADDRS] if addresses else []
+    return MpirunEngineSetLauncher, {"mpi_args": args, "engine_cmd": program, "environment": environment}
 
 
 __all__ = ["LAUNCHERS", "Layout", "MpirunEngineSetLauncher", "SrunEngineSetLauncher", "launcher_config", "plan"]

@@ -12,9 +12,10 @@ from .engine import LOCAL_RANK_VARS, RANK_VARS, first_int
 
 
 def rank_info() -> dict[str, Any]:
-    """Who this engine is: rank, local rank, host, GPU, pid."""
+    """Who this engine is: rank, local rank, host, its address (engine.py set it), GPU, pid."""
     return {"rank": first_int(os.environ, RANK_VARS, -1), "local_rank": first_int(os.environ, LOCAL_RANK_VARS, 0),
-            "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+            "addr": os.environ.get("HPCAI_NODE_ADDR", "127.0.0.1"), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
             "pid": os.getpid()}
 
 

@@ -24,14 +24,21 @@ unset SLURM_EXPORT_ENV
 # One Jupyter server, on the first node of the job; every node and GPU stays free for the
 # engines (%hpc start). The server's environment carries the whole allocation (SLURM_*).
 export HPCAI_ENV={environment}
-{prologue}
+{bind}{prologue}
 {cmd}
+"""
+
+# The hub passes the server's address in JUPYTERHUB_SERVICE_URL; where it left the host out, the server listens
+# on its node's address as Slurm knows it (NodeAddr), which is where the hub connects.
+BIND_NODE_ADDRESS = """node_addr=$(scontrol show node "$SLURMD_NODENAME" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)
+export JUPYTERHUB_SERVICE_URL="${JUPYTERHUB_SERVICE_URL%%://*}://${node_addr}:0${JUPYTERHUB_SERVICE_PREFIX}"
 """
 
 
 def render(options: SpawnOptions, profile: Profile, *, user: str, homedir: str, keepvars: str, cmd: Sequence[str],
-           prologue: str = "") -> str:
-    """The batch script. Options were validated; quoting still guards every value that reaches a shell line."""
+           prologue: str = "", bind_node_address: bool = True) -> str:
+    """The batch script. Options were validated; quoting still guards every value that reaches a shell line.
+    ``bind_node_address``: the server listens on its node's Slurm address (else where the hub's URL says)."""
     tasks = max(1, options.gpus_per_node)
     return TEMPLATE.format(
         user=_sbatch_word(user), homedir=_sbatch_word(homedir), keepvars=_sbatch_word(keepvars),
@@ -40,7 +47,8 @@ def render(options: SpawnOptions, profile: Profile, *, user: str, homedir: str, 
         walltime=options.walltime,
         account=f"#SBATCH --account={options.account}\n" if options.account else "",
         extra="".join(f"#SBATCH {opt}\n" for opt in profile.extra_sbatch),
-        environment=shlex.quote(options.environment), prologue=prologue, cmd=shlex.join(cmd),
+        environment=shlex.quote(options.environment), bind=BIND_NODE_ADDRESS if bind_node_address else "",
+        prologue=prologue, cmd=shlex.join(cmd),
     )
 
 

@@ -49,8 +49,9 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     environments = Dict(config=True, help="Environments offered: hpcai env name -> display name.")
     limits_ttl = Float(60, config=True, help="Seconds the scheduler's partition limits are cached.")
     req_srun = Unicode("", config=True, help="Empty: the server runs in the batch step, on the first node only.")
-    bind_ip = Unicode("127.0.0.1", config=True, help="""Where the notebook server listens on its node: 0.0.0.0 on
-        a real cluster, where the hub runs on another host (the hub then reaches it at the node's Slurm NodeAddr).""")
+    bind_ip = Unicode("", config=True, help="""Where the notebook server listens on its node. Empty (the default):
+        the node's address as Slurm knows it (NodeAddr), found in the job; "0.0.0.0": every interface. The hub
+        always connects to the node's NodeAddr.""")
     min_uid = Integer(1000, config=True, help="""The lowest unix uid a server may run as: system accounts (root,
         munge, slurm, daemons) are refused before anything is submitted.""")
     denied_users = Set(Unicode(), config=True, help="Unix accounts that never get a server, whatever their uid.")
@@ -109,7 +110,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             cmd.append(f"--MappingKernelManager.default_kernel_name=hpcai-{options.environment.lower()}")
         return script.render(options, profile, user=self.user.name, homedir=self._homedir(),
                              keepvars=",".join(sorted(self.get_env())), cmd=[c for c in cmd if c],
-                             prologue=self.req_prologue)
+                             prologue=self.req_prologue, bind_node_address=not self.bind_ip)
 
     def _homedir(self) -> str:
         try:

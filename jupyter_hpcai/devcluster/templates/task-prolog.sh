@@ -1,7 +1,6 @@
 #!/bin/sh
-# Runs before every task of the dev cluster; each "export" line lands in the task's environment.
-# All "nodes" share one host: OpenMPI's shared-memory transport between them crashes, so use TCP
-# on loopback.
+# Runs before every task of the dev cluster (${mode}); each "export" line lands in the task's environment.
+# All "nodes" share one machine's /dev/shm: OpenMPI's shared-memory transport between them crashes, so
+# ranks talk TCP.
 echo "export OMPI_MCA_btl=self,tcp"
-echo "export OMPI_MCA_btl_tcp_if_include=lo"
-echo "export OMPI_MCA_oob_tcp_if_include=lo"
+${loopback_only}
