@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_hpcai import slurm
-from jupyter_hpcai.devcluster import SEPARATE, DevCluster, check_prerequisites
+from jupyter_hpcai.devcluster import SEPARATE, SHARED, DevCluster, check_prerequisites
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
 
@@ -251,3 +251,19 @@ def test_down_after_a_killed_run_leaves_no_network_behind(devcluster: DevCluster
     assert all(devcluster.status()["daemons"].values()), "the session's cluster must be untouched"
     again = subprocess.run(done.args, capture_output=True, text=True, timeout=60)  # nothing left: harmless
     assert again.returncode == 0 and _leftovers(cluster) == [], again.stdout + again.stderr
+
+
+def test_without_namespaces_up_says_so_and_the_nodes_share_loopback(devcluster: DevCluster, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine without `ip` (or without the privilege): up falls back to one shared address and says why."""
+    monkeypatch.setattr("jupyter_hpcai.devcluster.network._IP_PATH", str(tmp_path))  # no `ip` found there
+    other = DevCluster(state_dir=tmp_path / "cluster", nodes=2, gpus_per_node=1, port=8017, **OTHER_NETWORK)
+    try:
+        other.up()
+        assert other.mode == SHARED and "`ip` was not found" in other.note and "iproute2" in other.note
+        assert DevCluster.load(other.state_dir).mode == SHARED  # recorded for status and the tests
+        assert slurm.node_addresses(["n1", "n2"], other.environ()) == {"n1": "127.0.0.1", "n2": "127.0.0.1"}
+        assert {n.state for n in slurm.nodes(other.environ())} == {"idle"}
+        assert not (other.state_dir / "network.json").exists()
+    finally:
+        other.down()
