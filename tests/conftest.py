@@ -260,8 +260,11 @@ def job_node_address(job: int) -> str:
     from jupyter_hpcai import slurm
     from jupyter_hpcai.proc import wait_until
 
-    host = wait_until(lambda: ((slurm.job_info(job) or {}).get("BatchHost") or "").replace("(null)", ""),
-                      timeout=300, what=f"job {job} to start")
+    def batch_host() -> str | None:
+        host = (slurm.job_info(job) or {}).get("BatchHost", "")
+        return host if host not in ("", "(null)") else None
+
+    host = wait_until(batch_host, timeout=300, what=f"job {job} to start")
     return slurm.node_address(host)
 
 

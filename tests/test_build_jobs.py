@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_hpcai import slurm
+from jupyter_hpcai.devcluster import SEPARATE
 from jupyter_hpcai.envs import EnvStore, parse_recipe
 from jupyter_hpcai.envs.check import check
 from jupyter_hpcai.envs.preflight import preflight
@@ -27,8 +28,21 @@ def _cli(args: list[str], store: EnvStore, **kwargs) -> subprocess.Popen[str]:  
                             env={**os.environ, "HPCAI_ENV_ROOT": str(store.root), "COLUMNS": "200"}, **kwargs)
 
 
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The small recipe's pip package, downloaded here (the login node) onto the shared filesystem: compute
+    nodes have no route out (the dev cluster's, as many sites'), so a build job installs from it."""
+    path = tmp_path_factory.mktemp("wheelhouse")
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(path), "six==1.16.0"],
+                   check=True, timeout=300)
+    return path
+
+
 @pytest.mark.slurm
-def test_build_job_on_the_gpu_partition(devcluster, small_recipe: Path, env_store: EnvStore) -> None:  # type: ignore[no-untyped-def]
+def test_build_job_on_the_gpu_partition(devcluster, small_recipe: Path, env_store: EnvStore,  # type: ignore[no-untyped-def]
+                                        wheelhouse: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip's own settings reach the build job through its environment
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheelhouse))
     proc = _cli(["env", "build", str(small_recipe), "--name", "remote", "--on-partition", "gpu", "--gpus", "1"], env_store)
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output
@@ -39,6 +53,22 @@ def test_build_job_on_the_gpu_partition(devcluster, small_recipe: Path, env_stor
     assert (site["job_id"], site["partition"], len(site["gpus"])) == (job_id, "gpu", 1)
     assert site["node"] in ("n1", "n2") and "Open MPI" in site["mpi"]
     assert check(env)
+
+
+@pytest.mark.slurm
+def test_a_build_job_on_a_node_without_a_route_out_says_how_to_install(devcluster, small_recipe: Path,  # type: ignore[no-untyped-def]
+                                                                       env_store: EnvStore,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """pip on a node that cannot reach the index (with separate hosts the nodes have no route out)."""
+    if devcluster.mode != SEPARATE:
+        pytest.skip(f"the dev cluster runs with {devcluster.mode}: its nodes share this host's network")
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")  # only pip's default, public index (no local mirror)
+    monkeypatch.setenv("PIP_RETRIES", "1")
+    proc = _cli(["env", "build", str(small_recipe), "--name", "offline", "--on-partition", "gpu"], env_store)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 1, output
+    assert "cannot reach the package index" in output and "PIP_INDEX_URL" in output and "--here" in output, output
+    assert "Traceback" not in output and env_store.env("offline").current() is None
 
 
 @pytest.mark.slurm

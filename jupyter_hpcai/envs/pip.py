@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import platform
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..errors import HPCAIError
 from ..proc import run, run_logged
 from . import conda
+
+
+# What pip prints when the index cannot be reached at all (no route, no DNS), as opposed to a missing package.
+UNREACHABLE = ("Failed to establish a new connection", "Temporary failure in name resolution", "Network is unreachable")
 
 
 def install(python: Path, requirements: list[str], *, env: dict[str, str], log: Path, no_build_isolation: bool = False,
@@ -22,7 +28,15 @@ def install(python: Path, requirements: list[str], *, env: dict[str, str], log: 
             out.write(f"requirements: {requirements}\n")
         cmd = [str(python), "-m", "pip", "install", "--upgrade-strategy", "only-if-needed", "--progress-bar", "off"]
         cmd += ["--no-build-isolation"] * no_build_isolation + ["--no-deps"] * no_deps
-        run_logged([*cmd, "-r", reqs.name], log=log, timeout=3600, env=env, on_output=on_output)
+        try:
+            run_logged([*cmd, "-r", reqs.name], log=log, timeout=3600, env=env, on_output=on_output)
+        except HPCAIError as err:
+            if any(sign in err.message for sign in UNREACHABLE):
+                raise HPCAIError(err.message, f"{platform.node()} cannot reach the package index (compute nodes often "
+                                 "cannot): set PIP_INDEX_URL to a mirror it reaches, or PIP_FIND_LINKS to a wheelhouse "
+                                 "on a shared filesystem with PIP_NO_INDEX=1, or build on the login node (--here)"
+                                 + (f"; {err.hint}" if err.hint else "")) from None
+            raise
 
 
 def inspect(python: Path, env: dict[str, str]) -> list[dict[str, Any]]:
