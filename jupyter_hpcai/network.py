@@ -46,6 +46,13 @@ def node_address(env: Mapping[str, str]) -> str:
     return decode_addresses(env.get(NODE_ADDRS, "")).get(env.get("SLURMD_NODENAME", ""), LOOPBACK)
 
 
+def join_node_network(env: MutableMapping[str, str]) -> str:
+    """On a rank: record this node's address (HPCAI_NODE_ADDR) and point every transport at its interface."""
+    env["HPCAI_NODE_ADDR"] = address = node_address(env)
+    rank_network(env, interface_of(address))
+    return address
+
+
 def rank_network(env: MutableMapping[str, str], iface: str | None) -> None:
     """Point every inter-rank transport at ``iface`` (this node's interface), keeping what is already set."""
     if not iface:

@@ -16,6 +16,7 @@ import pytest
 from condachan import index, make_package
 from jupyter_hpcai.envs import Builder, EnvStore, load_recipe
 from jupyter_hpcai.envs.store import Env
+from jupyter_hpcai.spawner.script import NODE_ADDRESS
 
 pytest_plugins = ["jupyter_hpcai.devcluster.pytest_plugin"]
 
@@ -250,9 +251,8 @@ class JobKernel:
         return cell
 
 
-# In a job's shell line: the node's address as Slurm knows it, where the test (on the login node) reaches a
-# server or kernel that the job starts (the node's loopback is its own: unreachable from here).
-NODE_ADDRESS = "$(scontrol show node \"$SLURMD_NODENAME\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)"
+# NODE_ADDRESS, in a job's shell line: the node's address as Slurm knows it (the job script's own expression),
+# where the test (on the login node) reaches a server or kernel that the job starts (the node's loopback is its own).
 
 
 def job_node_address(job: int) -> str:

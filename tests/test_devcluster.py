@@ -12,6 +12,7 @@ import pytest
 
 from jupyter_hpcai import slurm
 from jupyter_hpcai.devcluster import SEPARATE, SHARED, DevCluster, check_prerequisites
+from jupyter_hpcai.devcluster.network import NODE_IFACE
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
 
@@ -198,7 +199,7 @@ def test_nodes_are_separate_hosts(devcluster: DevCluster, tmp_path: Path) -> Non
         assert seen == {"127.0.0.1": "ConnectionRefusedError", n1: "answered by n1"}
     routes = subprocess.run(["srun", "-N1", "-w", "n1", "ip", "route"], capture_output=True, text=True, timeout=60,
                             check=True).stdout
-    assert routes.split() == ["10.213.0.0/24", "dev", "hpc0", "proto", "kernel", "scope", "link", "src", n1], routes
+    assert routes.split() == [devcluster.network, "dev", NODE_IFACE, "proto", "kernel", "scope", "link", "src", n1], routes
 
 
 def _leftovers(cluster: DevCluster) -> list[str]:

@@ -32,9 +32,10 @@ def _address_towards(node_address: str) -> str:
 
 def launch(nodes: int, ranks: int, transport: str, extra: list[str]) -> int:
     """Run the ranks under srun; for Gloo, serve Horovod's rendezvous from here for as long as they run."""
-    from .. import slurm
+    from .. import network, slurm
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    addresses = slurm.node_addresses([n.name for n in slurm.nodes()])  # once, for every rank (network.py)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", network.NODE_ADDRS: network.encode_addresses(addresses)}
     server = None
     srun = ["srun", "--mpi=pmix", f"--nodes={nodes}", f"--ntasks={ranks}", "--distribution=block", "--time=00:10:00"]
     if transport == "gloo":
@@ -42,13 +43,13 @@ def launch(nodes: int, ranks: int, transport: str, extra: list[str]) -> int:
         from horovod.runner.http.http_server import RendezvousServer
 
         hostnames = _step_hosts(srun, env)
-        plan = get_host_assignments(parse_hosts(",".join(f"{h}:{hostnames.count(h)}" for h in dict.fromkeys(hostnames))),
-                                    ranks)
+        slots = ",".join(f"{h}:{hostnames.count(h)}" for h in dict.fromkeys(hostnames))
+        plan = get_host_assignments(parse_hosts(slots), ranks)
         server = RendezvousServer()
         port = server.start()
         server.init(plan)
-        first = slurm.node_address(hostnames[0])
-        env.update(HOROVOD_GLOO_RENDEZVOUS_ADDR=_address_towards(first), HOROVOD_GLOO_RENDEZVOUS_PORT=str(port),
+        env.update(HOROVOD_GLOO_RENDEZVOUS_ADDR=_address_towards(addresses[hostnames[0]]),
+                   HOROVOD_GLOO_RENDEZVOUS_PORT=str(port),
                    HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo")
         srun += [f"--nodelist={','.join(dict.fromkeys(hostnames))}"]
     else:
@@ -70,10 +71,10 @@ def _step_hosts(srun: list[str], env: dict[str, str]) -> list[str]:
 
 def rank(transport: str, mib: int, repeat: int) -> None:
     """One rank: point the transports at this node's interface, join, time the allreduce."""
-    from .. import network, slurm
+    from .. import network
 
     node = os.environ["SLURMD_NODENAME"]
-    network.rank_network(os.environ, network.interface_of(slurm.node_address(node)))
+    network.join_node_network(os.environ)
     if transport == "gloo":  # what horovodrun --gloo tells each rank, from Slurm's variables
         ntasks, nnodes = int(os.environ["SLURM_NTASKS"]), int(os.environ["SLURM_NNODES"])
         os.environ.update(HOROVOD_HOSTNAME=node, HOROVOD_RANK=os.environ["SLURM_PROCID"], HOROVOD_SIZE=str(ntasks),

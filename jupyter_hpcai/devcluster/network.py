@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -63,20 +64,16 @@ class Network:
 
     # -- names and addresses --------------------------------------------------------------
     @property
-    def _hosts(self) -> list[ipaddress.IPv4Address]:
-        return list(ipaddress.IPv4Network(self.block).hosts())
-
-    @property
     def login_address(self) -> str:
         """The host's address on the bridge, where the nodes reach slurmctld and the hub."""
-        return str(self._hosts[0])
+        return str(ipaddress.IPv4Network(self.block)[1])
 
     @property
     def prefixlen(self) -> int:
         return ipaddress.IPv4Network(self.block).prefixlen
 
     def address(self, node: str) -> str:
-        return str(self._hosts[1 + self.nodes.index(node)])
+        return str(ipaddress.IPv4Network(self.block)[2 + self.nodes.index(node)])
 
     def namespace(self, node: str) -> str:
         return f"{self.prefix}{node}"
@@ -132,9 +129,10 @@ class Network:
             _ip("link", "add", self.bridge, "type", "bridge")
         _ip("addr", "replace", f"{self.login_address}/{self.prefixlen}", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
+        existing = set(_namespaces())  # made by an earlier `up` (_refuse_others checked)
         for node in self.nodes:
             ns, veth = self.namespace(node), self._veth(node)
-            if ns in _namespaces():  # made by an earlier `up` (_refuse_others checked)
+            if ns in existing:
                 continue
             made.namespaces = sorted({*made.namespaces, ns})
             made.veths = sorted({*made.veths, veth})
@@ -180,28 +178,27 @@ class Network:
         tmp.replace(self._record)
 
 
-def _ip(*args: str, check: bool = True) -> bool:
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """`ip ARGS`; a failure raises HPCAIError unless ``check`` is False."""
     done = run(["ip", *args], check=False, timeout=20, env={"PATH": _IP_PATH})
     if check and done.returncode != 0:
         raise HPCAIError(f"`ip {' '.join(args)}` failed: {done.stderr.strip()}")
-    return done.returncode == 0
+    return done
 
 
 def _link_exists(name: str) -> bool:
-    return run(["ip", "link", "show", "dev", name], check=False, timeout=20, env={"PATH": _IP_PATH}).returncode == 0
+    return _ip("link", "show", "dev", name, check=False).returncode == 0
 
 
 def _namespaces() -> list[str]:
-    out = run(["ip", "netns", "list"], check=False, timeout=20, env={"PATH": _IP_PATH}).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
+    return [line.split()[0] for line in _ip("netns", "list", check=False).stdout.splitlines() if line.strip()]
 
 
 def _kill_processes_in(ns: str) -> None:
     """SIGKILL whatever still runs in namespace ``ns`` (daemons are stopped before; this is what a killed run
     left: job steps, servers), and wait until it is gone."""
     def pids() -> list[int]:
-        out = run(["ip", "netns", "pids", ns], check=False, timeout=20, env={"PATH": _IP_PATH}).stdout
-        return [int(p) for p in out.split() if p.isdigit()]
+        return [int(p) for p in _ip("netns", "pids", ns, check=False).stdout.split() if p.isdigit()]
 
     for pid in pids():
         try:

@@ -55,8 +55,7 @@ def main() -> None:
     from .. import network
 
     pin(os.environ, len(os.sched_getaffinity(0)))
-    os.environ["HPCAI_NODE_ADDR"] = address = network.node_address(os.environ)
-    network.rank_network(os.environ, network.interface_of(address))
+    network.join_node_network(os.environ)
     from ipyparallel.engine.app import main as engine_main
 
     sys.exit(engine_main())

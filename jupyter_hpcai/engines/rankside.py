@@ -8,6 +8,7 @@ import sys
 import traceback
 from typing import Any
 
+from ..network import LOOPBACK
 from .engine import LOCAL_RANK_VARS, RANK_VARS, first_int
 
 
@@ -15,7 +16,7 @@ def rank_info() -> dict[str, Any]:
     """Who this engine is: rank, local rank, host, its address (engine.py set it), GPU, pid."""
     return {"rank": first_int(os.environ, RANK_VARS, -1), "local_rank": first_int(os.environ, LOCAL_RANK_VARS, 0),
             "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
-            "addr": os.environ.get("HPCAI_NODE_ADDR", "127.0.0.1"), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            "addr": os.environ.get("HPCAI_NODE_ADDR", LOOPBACK), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
             "pid": os.getpid()}
 
 

@@ -30,7 +30,8 @@ export HPCAI_ENV={environment}
 
 # The hub passes the server's address in JUPYTERHUB_SERVICE_URL; where it left the host out, the server listens
 # on its node's address as Slurm knows it (NodeAddr), which is where the hub connects.
-BIND_NODE_ADDRESS = """node_addr=$(scontrol show node "$SLURMD_NODENAME" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)
+NODE_ADDRESS = """$(scontrol show node "$SLURMD_NODENAME" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)"""
+BIND_NODE_ADDRESS = f"node_addr={NODE_ADDRESS}\n" + """\
 export JUPYTERHUB_SERVICE_URL="${JUPYTERHUB_SERVICE_URL%%://*}://${node_addr}:0${JUPYTERHUB_SERVICE_PREFIX}"
 """
 
