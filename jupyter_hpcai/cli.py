@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 from pathlib import Path
@@ -10,15 +9,16 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from . import kernelspec
 from .devcluster import DevCluster
-from .envs import Builder, EnvStore, load_recipe
-from .envs import container, remote
-from .envs.check import check, site_warnings
+from .envs import BuildRequest, EnvDir, EnvStore, Event, load_recipe, open_env, remote
+from .envs.container import import_container
+from .envs.container import warnings as container_warnings
+from .envs.pip import INSTALLERS
 from .envs.preflight import preflight
-from .envs.store import Env
 from .errors import HPCAIError
 
 console = Console(soft_wrap=True)  # long paths and messages stay on one line
@@ -101,17 +101,16 @@ def devcluster_down(state_dir: Path | None) -> None:
 
 def _show_status(cluster: DevCluster) -> None:
     status = cluster.status()
-    daemons = Table("daemon", "pid", title=f"dev cluster in {esc(status['state_dir'])}")
-    for name, pid in status["daemons"].items():  # type: ignore[union-attr]
+    daemons = Table("daemon", "pid", title=f"dev cluster in {esc(status.state_dir)}")
+    for name, pid in status.daemons.items():
         daemons.add_row(esc(name), str(pid) if pid else "[red]not running[/]")
     console.print(daemons)
-    if status["nodes"]:
-        addresses: dict[str, str] = status["addresses"]  # type: ignore[assignment]
+    if status.nodes:
         nodes = Table("node", "address", "state", "partitions", "cpus", "gpus",
-                      title=f"{esc(status['mode'])}; login node {esc(status['login_address'])}")
-        for n in status["nodes"]:  # type: ignore[union-attr]
+                      title=f"{esc(status.mode)}; login node {esc(status.login_address)}")
+        for n in status.nodes:
             colour = "green" if n.usable else "red"
-            nodes.add_row(esc(n.name), esc(addresses.get(n.name, "")), f"[{colour}]{esc(n.state)}[/]",
+            nodes.add_row(esc(n.name), esc(status.addresses.get(n.name, "")), f"[{colour}]{esc(n.state)}[/]",
                           esc(",".join(n.partitions)), str(n.cpus), str(n.gpus))
         console.print(nodes)
 
@@ -124,6 +123,7 @@ def env() -> None:
 @env.command("build")
 @click.argument("recipe", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--name", help="Env name [default: the recipe's name].")
+@click.option("--site", is_flag=True, help="Build into the site's environments (the first site root), for every user.")
 @click.option("--locked", is_flag=True, help="Reproduce the current build's lock exactly.")
 @click.option("--lock-file", type=click.Path(dir_okay=False, path_type=Path), help="Reproduce this lock exactly.")
 @click.option("--rebuild", is_flag=True, help="Rebuild both layers from the recipe, in order.")
@@ -132,57 +132,74 @@ def env() -> None:
 @click.option("--time", "time_limit", help="Walltime of the build job [default: the recipe's build.time].")
 @click.option("--account", help="Slurm account for the build job.")
 @click.option("--here", is_flag=True, help="Build on this machine even if the recipe names a build partition.")
-def env_build(recipe: Path, name: str | None, locked: bool, lock_file: Path | None, rebuild: bool,
-              on_partition: str | None, gpus: int | None, time_limit: str | None, account: str | None, here: bool) -> None:
+@click.option("--installer", type=click.Choice(sorted(INSTALLERS)),
+              help="What installs the pip layer [default: $HPCAI_PIP_INSTALLER, the site config, or uv].")
+def env_build(recipe: Path, name: str | None, site: bool, locked: bool, lock_file: Path | None, rebuild: bool,
+              on_partition: str | None, gpus: int | None, time_limit: str | None, account: str | None, here: bool,
+              installer: str | None) -> None:
     """Build RECIPE into a new version of its env; `current` moves only when verify passes."""
-    parsed = load_recipe(recipe)
+    request = BuildRequest(recipe, name=name, site=site, locked=locked, lock_file=lock_file, rebuild=rebuild,
+                           partition=on_partition, here=here, gpus=gpus, time_limit=time_limit, account=account,
+                           installer=installer)
     store = EnvStore()
-    partition = None if here else (on_partition or parsed.build.partition)
-    if partition and not os.environ.get("SLURM_JOB_ID"):
-        extra = tuple(flag for flag, on in (("--locked", locked), ("--rebuild", rebuild)) if on)
-        extra += ("--lock-file", str(lock_file.absolute())) if lock_file else ()
-        _build_in_job(recipe, store.env(name or parsed.name), partition, parsed.build.gpus if gpus is None else gpus,
-                      time_limit or parsed.build.time, account, extra)
+    partition = request.partition_for(request.recipe())
+    if partition:
+        _build_in_job(request, store, partition)
         return
-    lock = None
-    if lock_file:
-        lock = _read_json(lock_file)
-    elif locked:
-        build = store.get(name or parsed.name).current()
-        lock = build.lock() if build else None
-        if lock is None:
-            raise HPCAIError(f"env '{name or parsed.name}' has no lock", "build it once without --locked")
     signal.signal(signal.SIGTERM, _interrupt)  # scancel of a build job: stop like Ctrl-C, keep the old env
-    with console.status("preparing...") as status:
-        def progress(phase: str, message: str) -> None:
-            if phase == "log":
-                console.print(f"log: {esc(message)}")
-            elif message == "started":
-                status.update(f"[bold]{esc(phase)}[/]...")
-            elif message.startswith("done"):
-                console.print(f"[green]✓[/] {esc(phase)} {esc(message)}")
-            elif message.startswith("warning"):
-                console.print(f"[yellow]{esc(message)}[/]")
-            else:
-                status.update(f"[bold]{esc(phase)}[/]: {esc(message[:100])}")
-
-        result = Builder(parsed, store=store, name=name, locked=lock, rebuild=rebuild, progress=progress).run()
+    with _BuildProgress() as shown:
+        result = request.builder(store, progress=shown).run()
     if result.up_to_date:
-        console.print(f"env '{esc(result.env.name)}' is up to date (build {esc(result.build.id)}); "
+        console.print(f"env '{esc(result.dir.name)}' is up to date (build {esc(result.build.id)}); "
                       "--rebuild forces a new build")
-    else:
-        console.print(f"env '{esc(result.env.name)}' built: {esc(result.build.prefix)}")
+        for project, source in result.followed.items():
+            console.print(f"  its editable {esc(project)} now follows {esc(source)}")
+        return
+    console.print(f"env '{esc(result.dir.name)}' built: {esc(result.build.prefix)}")
+    console.print(f"phases: {esc(result.summary())}")
+
+
+class _BuildProgress:
+    """A build's events on the terminal: a bar per running phase (packages or steps where known), a line per
+    finished phase, warnings as they come."""
+
+    def __init__(self) -> None:
+        self.bars = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
+                             MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[latest]}"),
+                             console=console, transient=True)
+        self.tasks: dict[str, TaskID] = {}
+
+    def __enter__(self) -> _BuildProgress:
+        self.bars.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bars.__exit__(*exc)
+
+    def __call__(self, event: Event) -> None:
+        if event.state == "log":
+            self.bars.console.print(f"log: {esc(event.message)}")
+        elif event.state == "started":
+            self.tasks[event.phase] = self.bars.add_task(esc(event.phase), total=event.total, latest="")
+        elif event.state == "done":
+            if event.phase in self.tasks:
+                self.bars.remove_task(self.tasks.pop(event.phase))
+            self.bars.console.print(f"[green]✓[/] {esc(event.phase)} {esc(event.message)}")
+        elif event.state == "warning":
+            self.bars.console.print(f"[yellow]{esc(event.message)}[/]")
+        elif event.phase in self.tasks:
+            task = self.tasks[event.phase]
+            self.bars.update(task, total=event.total, completed=event.done or 0, latest=esc(event.message[:70]),
+                             refresh=event.done is not None)
 
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _build_in_job(recipe: Path, env_: Env, partition: str, gpus: int, time_limit: str, account: str | None,
-                  extra: tuple[str, ...]) -> None:
-    job = remote.submit(recipe, env_, partition=partition, gpus=gpus, time_limit=time_limit, account=account,
-                        extra_args=extra)
-    console.print(f"build job {job.job_id} on partition {esc(partition)} ({gpus} GPUs); log: {esc(job.log)}")
+def _build_in_job(request: BuildRequest, store: EnvStore, partition: str) -> None:
+    job = remote.submit(request, store, partition)
+    console.print(f"build job {job.job_id} on partition {esc(partition)}; log: {esc(job.log)}")
     while True:
         try:
             code = remote.follow(job, lambda line: console.print(f"  [dim]{job.job_id}|[/] {esc(line)}", highlight=False))
@@ -190,7 +207,7 @@ def _build_in_job(recipe: Path, env_: Env, partition: str, gpus: int, time_limit
         except KeyboardInterrupt:
             if click.confirm(f"\ncancel build job {job.job_id}?", default=True):
                 remote.cancel(job)
-                console.print(f"cancelling job {job.job_id}; env '{esc(env_.name)}' keeps its current build")
+                console.print(f"cancelling job {job.job_id}; the env keeps its current build")
     if code:
         raise HPCAIError(f"build job {job.job_id} failed (exit status {code})", f"see its log: {job.log}")
     console.print(f"build job {job.job_id} finished")
@@ -221,62 +238,65 @@ def env_preflight(recipe: Path) -> None:
 def env_import_container(source: str, name: str, mode: str | None, python: str, binds: tuple[str, ...]) -> None:
     """Make env NAME from a container image: SOURCE is a tarball (docker save, or a root filesystem) or a
     registry reference (udocker pull). udocker settings: HPCAI_UDOCKER, UDOCKER_DIR and udocker's UDOCKER_* variables."""
-    found = container.import_container(source, name, mode=mode, python=python, binds=list(binds))
+    found = import_container(source, name, mode=mode, python=python, binds=list(binds))
     inside = found.inside
     console.print(esc(f"env '{name}' imported: container {found.container} (mode {found.settings.mode}), python "
-                      f"{inside['python']}, MPI {inside.get('mpi') or 'none'}, packages: "
-                      + (", ".join(f"{k} {v}" for k, v in inside["packages"].items()) or "none")))
-    for warning in container.warnings(inside):
+                      f"{inside.python}, MPI {inside.mpi or 'none'}, packages: {found.describe()['packages']}"))
+    for warning in container_warnings(inside):
         console.print(f"[yellow]warning:[/] {esc(warning)}")
     console.print(f"next: hpcai kernel install {esc(name)}")
 
 
 @env.command("list")
 def env_list() -> None:
-    """List the environments and their current builds."""
+    """List the environments of every root (yours first, then the site's) and their current builds."""
     store = EnvStore()
-    table = Table("name", "kind", "build", "python", "conda pkgs", "pip pkgs", title=f"environments in {esc(store.root)}")
-    for e in store.list():
-        build = e.current()
-        m = (build.manifest() if build else None) or {}
-        python = m.get("inside", {}).get("python") if m.get("kind") == "container" else m.get("python")
-        table.add_row(*map(esc, (e.name, m.get("kind", "?"), build.id if build else "-", python or "-",
-                                 len(m.get("conda", [])), len(m.get("pip", [])))))
+    where = ", ".join(f"{r.path} ({r.scope})" for r in store.roots)
+    table = Table("name", "where", "kind", "build", "python", "packages", "note", title=f"environments in {esc(where)}")
+    seen: set[str] = set()
+    for env_dir in store.list():
+        note = "shadowed by yours" if env_dir.name in seen else ""
+        if not note and store.shadowed(env_dir):
+            note = "shadows the site's"
+        seen.add(env_dir.name)
+        try:
+            described = open_env(env_dir).describe()
+        except HPCAIError as err:
+            described, note = {"kind": "?", "python": "-", "packages": "-"}, err.message
+        build = env_dir.current()
+        table.add_row(*map(esc, (env_dir.name, env_dir.scope, described["kind"], build.id if build else "-",
+                                 described["python"], described["packages"], note)))
     console.print(table)
 
 
 @env.command("check")
 @click.argument("name")
 def env_check(name: str) -> None:
-    """Activate the env, re-run its verify steps, and warn when this node differs from where it was built."""
-    target = EnvStore().get(name)
-    if container.is_container(target):
-        found = container.Container.current(target)
-        warnings = container.check(found)
-        console.print("[green]✓[/] " + esc(f"container {found.container} runs (mode {found.settings.mode}, "
-                                           f"{found.python})"))
-        for warning in warnings:
-            console.print(f"[yellow]warning:[/] {esc(warning)}")
-        console.print(f"env '{esc(name)}' is OK")
-        return
-    for step in check(target):
-        console.print(f"[green]✓[/] {esc(step.step)}")
-    for warning in site_warnings(target):
+    """Run the env again (its verify steps, or its container) and warn where this node differs from its build's."""
+    store = EnvStore()
+    target = store.get(name)
+    checked = target.check()
+    for step in checked.passed:
+        console.print(f"[green]✓[/] {esc(step)}")
+    for warning in checked.warnings:
         console.print(f"[yellow]warning:[/] {esc(warning)}")
-    console.print(f"env '{esc(name)}' is OK")
+    _say_shadowing(store, target.dir)
+    console.print(f"env '{esc(name)}' ({esc(target.dir.scope)}, {esc(target.dir.root.path)}) is OK")
+
+
+def _say_shadowing(store: EnvStore, env_dir: EnvDir) -> None:
+    for hidden in store.shadowed(env_dir):
+        console.print(f"[yellow]note:[/] your env '{esc(env_dir.name)}' shadows the {esc(hidden.scope)} env of the "
+                      f"same name in {esc(hidden.root.path)}")
 
 
 @env.command("remove")
 @click.argument("name")
 def env_remove(name: str) -> None:
-    """Remove an env and all its builds (a container env's udocker containers too)."""
-    store = EnvStore()
-    target = store.get(name)
-    if container.is_container(target):
-        container.remove(target)
-    else:
-        store.remove(name)
-    console.print(f"env '{esc(name)}' removed")
+    """Remove an env of yours and all its builds (a container env's udocker containers too)."""
+    target = EnvStore().get(name)
+    target.remove()
+    console.print(f"env '{esc(name)}' removed from {esc(target.dir.root.path)}")
 
 
 @cli.group()
@@ -287,21 +307,16 @@ def kernel() -> None:
 @kernel.command("install")
 @click.argument("name")
 @click.option("--display-name", help="Name shown in JupyterLab's launcher.")
-@click.option("--user", is_flag=True, help="Install for the current user only.")
+@click.option("--user", is_flag=True, help="Install for the current user only [default for your own envs].")
 @click.option("--prefix", help="Install under this prefix (e.g. a hub's sys.prefix).")
 def kernel_install(name: str, display_name: str | None, user: bool, prefix: str | None) -> None:
-    """Write a kernelspec that starts the env's kernel through the hpcai-env provisioner."""
-    path = kernelspec.install(EnvStore().get(name), display_name=display_name, user=user, prefix=prefix)
+    """Write a kernelspec that starts the env's kernel through the hpcai-env provisioner: for every user (a
+    system kernelspec) for a site env, for you alone for yours."""
+    store = EnvStore()
+    target = store.get(name)
+    _say_shadowing(store, target.dir)
+    path = kernelspec.install(target, display_name=display_name, user=user or None, prefix=prefix)
     console.print(f"kernel installed: {esc(path)}")
-
-
-def _read_json(path: Path) -> dict:
-    import json
-
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise HPCAIError(f"cannot read lock file {path}: {err}", "pass a lock.json written by a build") from None
 
 
 @cli.group()

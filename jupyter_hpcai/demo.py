@@ -23,7 +23,7 @@ from typing import Any
 
 from . import kernelspec, paths, slurm
 from .devcluster import DevCluster
-from .envs import Builder, EnvStore, load_recipe
+from .envs import Builder, EnvStore, load_recipe, open_env
 from .errors import HPCAIError
 from .paths import open_private, private_dir, write_private
 from .proc import run, wait_until
@@ -189,11 +189,11 @@ def prepare(say: Say) -> HubProcess:
     cluster.up()
     os.environ.update(cluster.variables())
     say(f"dev cluster up: {', '.join(n for n in cluster.node_names)} ({cluster.gpus_per_node} fake GPUs each)")
-    root = Path(os.environ.setdefault("HPCAI_ENV_ROOT", "/opt/hpcai/envs"))
-    result = Builder(load_recipe(REPO / "recipes" / "tf-horovod-cpu.yaml"), store=EnvStore(root),
-                     progress=lambda phase, msg: say(f"  env {phase}: {msg}") if msg.startswith("done") else None).run()
+    store = EnvStore()  # a site env: every user of the hub, and `hpcai env list`, find it without settings
+    result = Builder(load_recipe(REPO / "recipes" / "tf-horovod-cpu.yaml"), store=store, site=True,
+                     progress=lambda e: say(f"  env {e.phase}: {e.message}") if e.state == "done" else None).run()
     say(f"env tf-horovod-cpu {'reused' if result.up_to_date else 'built'}: {result.build.prefix}")
-    spec = kernelspec.install(result.env, prefix=sys.prefix, display_name="Python (tf-horovod-cpu)")
+    spec = kernelspec.install(open_env(result.dir), prefix=sys.prefix, display_name="Python (tf-horovod-cpu)")
     say(f"kernel installed: {spec}")
     ensure_user(DEMO_USER)
     for line in copy_examples(DEMO_USER):

@@ -6,8 +6,11 @@ Nothing here points into the source checkout: run-time state lives outside it.
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+
+from .errors import HPCAIError
 
 
 def devcluster_dir() -> Path:
@@ -20,10 +23,41 @@ def hub_dir() -> Path:
     return Path(os.environ.get("HPCAI_HUB_DIR", "/var/lib/hpcai/hub"))
 
 
+SITE_CONFIG = Path("/etc/jupyter-hpcai/config.toml")
+SITE_ENV_ROOT = Path("/opt/hpcai/envs")
+
+
 def env_root() -> Path:
-    """Where built environments live, one folder per name. ``HPCAI_ENV_ROOT``."""
+    """The user's own environments, one folder per name: where ``hpcai env build`` puts them. ``HPCAI_ENV_ROOT``."""
     default = Path.home() / ".local" / "share" / "hpcai" / "envs"
     return Path(os.environ.get("HPCAI_ENV_ROOT", default))
+
+
+def site_config() -> dict[str, Any]:
+    """The site's settings for the CLI and the kernels, a TOML file the admins edit (``HPCAI_CONFIG``, default
+    /etc/jupyter-hpcai/config.toml); {} when there is none."""
+    path = Path(os.environ.get("HPCAI_CONFIG", SITE_CONFIG))
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise HPCAIError(f"cannot read the site config {path}: {err}",
+                         "fix its TOML syntax, or ask the admins (see README: site environments)") from None
+
+
+def site_env_roots() -> list[Path]:
+    """The site's shared environments, searched after the user's own: ``HPCAI_ENV_PATH`` (colon-separated),
+    else ``[envs] site_roots`` in the site config, else /opt/hpcai/envs."""
+    if "HPCAI_ENV_PATH" in os.environ:
+        return [Path(p) for p in os.environ["HPCAI_ENV_PATH"].split(":") if p]
+    roots = site_config().get("envs", {}).get("site_roots")
+    if roots is None:
+        return [SITE_ENV_ROOT]
+    if not isinstance(roots, list) or not all(isinstance(r, str) for r in roots):
+        raise HPCAIError("site config: envs.site_roots must be a list of folders", 'e.g. site_roots = ["/opt/hpcai/envs"]')
+    return [Path(r) for r in roots]
 
 
 def cache_dir() -> Path:

@@ -98,15 +98,26 @@ def run_logged(
     cwd: str | os.PathLike[str] | None = None,
     on_output: Callable[[str], None] | None = None,
 ) -> None:
-    """Run ``cmd`` with its output appended to ``log``; ``on_output`` sees the latest line now and then.
+    """Run ``cmd`` with its output appended to ``log``; ``on_output`` gets each line it writes, as it comes.
 
     On failure the error names the command, shows the log's last lines and says where the log is.
     """
     argv = [str(a) for a in cmd]
     shown = shlex.join(argv)
-    with open(log, "a") as out:
+    with open(log, "a") as out, open(log, "rb") as follow:
         out.write(f"\n$ {shown}\n")
         out.flush()
+        follow.seek(0, os.SEEK_END)
+        pending = b""
+
+        def forward() -> None:
+            nonlocal pending
+            pending += follow.read()
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if on_output and line.strip():
+                    on_output(line.decode(errors="replace").strip())
+
         try:
             child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                      env=dict(env) if env is not None else None, cwd=cwd)
@@ -116,13 +127,13 @@ def run_logged(
         try:
             while True:
                 try:
-                    rc = child.wait(timeout=0.5)
+                    rc = child.wait(timeout=0.25)
                     break
                 except subprocess.TimeoutExpired:
-                    if on_output:
-                        on_output(last_line(log))
+                    forward()
                     if time.monotonic() > deadline:
                         raise HPCAIError(f"`{shown}` did not finish within {timeout:g} s", f"full log: {log}") from None
+            forward()
         finally:
             if child.poll() is None:
                 child.terminate()
@@ -134,12 +145,3 @@ def run_logged(
     if rc != 0:
         raise HPCAIError(f"`{shown}` failed with exit status {rc}:\n{_tail(log.read_text(errors='replace'))}",
                          f"full log: {log}")
-
-
-def last_line(path: Path) -> str:
-    """The last non-empty line of a text file (reads only its end)."""
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        f.seek(max(0, f.tell() - 4096))
-        lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
-    return lines[-1].strip() if lines else ""

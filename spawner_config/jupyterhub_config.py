@@ -32,7 +32,7 @@ c.HPCSlurmSpawner.batchspawner_singleuser_cmd = f"{sys.prefix}/bin/batchspawner-
 # HOROVOD_GLOO_IFACE, GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME are set (e.g. in a module or the job prologue).
 c.HPCSlurmSpawner.bind_ip = ""
 c.Spawner.default_url = "/lab"
-c.Spawner.env_keep = ["PATH", "LANG", "LC_ALL", "HPCAI_ENV_ROOT"]
+c.Spawner.env_keep = ["PATH", "LANG", "LC_ALL", "HPCAI_ENV_PATH", "HPCAI_CONFIG"]
 c.Spawner.start_timeout = 900  # queues can be long; the spawn page shows why a job waits
 c.Spawner.poll_interval = 30
 
@@ -46,4 +46,6 @@ c.HPCSlurmSpawner.profiles = [
 # Limits come from sinfo (nodes, GPUs per node, MaxTime); these only narrow them.
 c.HPCSlurmSpawner.limits = {"gpu": {"max_nodes": 8, "max_walltime": "1-00:00:00"}}
 c.HPCSlurmSpawner.partitions = ["gpu", "gpu-interactive"]
-c.HPCSlurmSpawner.environments = {"tf-horovod-nccl": "TensorFlow 2.15 + Horovod (NCCL)"}
+# Environments offered in the form: left unset, every env the admins built into the site roots
+# (`hpcai env build RECIPE --site`; HPCAI_ENV_PATH or [envs] site_roots in /etc/jupyter-hpcai/config.toml).
+# c.HPCSlurmSpawner.environments = {"tf-horovod-nccl": "TensorFlow 2.15 + Horovod (NCCL)"}

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from condachan import index, make_package
-from jupyter_hpcai.envs import Builder, EnvStore, load_recipe
-from jupyter_hpcai.envs.store import Env
+from jupyter_hpcai.envs import Builder, EnvDir, EnvStore, load_recipe, open_env
 from jupyter_hpcai.spawner.script import NODE_ADDRESS
 
 pytest_plugins = ["jupyter_hpcai.devcluster.pytest_plugin"]
@@ -153,27 +152,27 @@ def env_store(tmp_path_factory: pytest.TempPathFactory) -> EnvStore:
 
 
 @pytest.fixture(scope="session")
-def small_env(small_recipe: Path, env_store: EnvStore, bench: list[str]) -> Env:
+def small_env(small_recipe: Path, env_store: EnvStore, bench: list[str]) -> EnvDir:
     """The small env built from the local channel (conda layer) and PyPI (pip layer)."""
     result = Builder(load_recipe(small_recipe), store=env_store).run()
-    return result.env
+    return result.dir
 
 
-def _shipped_env(recipe: str) -> Env:
+def _shipped_env(recipe: str) -> EnvDir:
     """A shipped recipe's env, in a store outside the checkout that persists between runs: rebuilt only
     when the recipe changed (jupyter_hpcai is installed editable, so code changes need no rebuild)."""
     store = EnvStore(Path(os.environ.get("HPCAI_TEST_ENV_ROOT", "/opt/hpcai/envs")))
-    return Builder(load_recipe(REPO / "recipes" / f"{recipe}.yaml"), store=store).run().env
+    return Builder(load_recipe(REPO / "recipes" / f"{recipe}.yaml"), store=store).run().dir
 
 
 @pytest.fixture(scope="session")
-def tf_env() -> Env:
+def tf_env() -> EnvDir:
     """The real tf-horovod-cpu env (TensorFlow 2.15.1, Horovod 0.28.1 with Gloo and MPI)."""
     return _shipped_env("tf-horovod-cpu")
 
 
 @pytest.fixture(scope="session")
-def torch_env() -> Env:
+def torch_env() -> EnvDir:
     """The real torch-cpu env (torch 2.13.0, Gloo)."""
     return _shipped_env("torch-cpu")
 
@@ -185,7 +184,7 @@ prepend_path("PATH", "/opt/hpcai-test-module/bin")
 
 
 @pytest.fixture(scope="session")
-def kernel_env(small_recipe: Path, env_store: EnvStore, tmp_path_factory: pytest.TempPathFactory) -> Env:
+def kernel_env(small_recipe: Path, env_store: EnvStore, tmp_path_factory: pytest.TempPathFactory) -> EnvDir:
     """The small env plus ipykernel and a real Lmod module; its kernelspec is on JUPYTER_PATH."""
     from jupyter_hpcai import kernelspec
 
@@ -197,9 +196,9 @@ def kernel_env(small_recipe: Path, env_store: EnvStore, tmp_path_factory: pytest
     recipe.write_text(small_recipe.read_text().replace("name: small", "name: kernel")
                       .replace("pip: [six==1.16.0]", "pip: [six==1.16.0, ipykernel]")
                       + "modules: [hpcai-test/1.0]\n")
-    env = Builder(load_recipe(recipe), store=env_store).run().env
+    env = Builder(load_recipe(recipe), store=env_store).run().dir
     jupyter = tmp_path_factory.mktemp("jupyter")
-    kernelspec.install(env, prefix=str(jupyter))
+    kernelspec.install(open_env(env), prefix=str(jupyter))
     os.environ["JUPYTER_PATH"] = str(jupyter / "share" / "jupyter")
     return env
 
@@ -269,7 +268,7 @@ def job_node_address(job: int) -> str:
 
 
 @contextmanager
-def kernel_in_job(env: Env, work: Path, sbatch_args: tuple[str, ...] = ("-N2", "--ntasks-per-node=2", "--gpus-per-node=2"),
+def kernel_in_job(env: EnvDir, work: Path, sbatch_args: tuple[str, ...] = ("-N2", "--ntasks-per-node=2", "--gpus-per-node=2"),
                   environ: dict[str, str] | None = None) -> Iterator[JobKernel]:
     """A notebook kernel in ``env`` (through the hpcai-env provisioner), inside a dev-cluster job (the job's
     environment: this process's, updated with ``environ``)."""
@@ -278,7 +277,7 @@ def kernel_in_job(env: Env, work: Path, sbatch_args: tuple[str, ...] = ("-N2", "
     from jupyter_hpcai import kernelspec, slurm
     from jupyter_hpcai.proc import wait_until
 
-    kernelspec.install(env, prefix=str(work))
+    kernelspec.install(open_env(env), prefix=str(work))
     connection = work / "kernel.json"
     job = slurm.sbatch([*sbatch_args, "--time=00:45:00", f"--output={work}/job.out",
                         "--wrap", f"{Path(sys.executable).parent}/jupyter-kernel --kernel={kernelspec.kernel_name(env)} "
@@ -311,14 +310,14 @@ class JobLab:
 
 
 @pytest.fixture(scope="module")
-def job_lab(devcluster, tf_env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobLab]:  # type: ignore[no-untyped-def]
+def job_lab(devcluster, tf_env: EnvDir, tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobLab]:  # type: ignore[no-untyped-def]
     """JupyterLab (with the jupyter-hpcai extension) inside a 1-node job with 2 fake GPUs."""
     with lab_in_job(tf_env, tmp_path_factory.mktemp("job-lab")) as lab:
         yield lab
 
 
 @contextmanager
-def lab_in_job(tf_env: Env, work: Path, walltime: str = "00:30:00") -> Iterator[JobLab]:
+def lab_in_job(tf_env: EnvDir, work: Path, walltime: str = "00:30:00") -> Iterator[JobLab]:
     """JupyterLab inside a 1-node job with 2 fake GPUs and ``walltime``; the job is cancelled afterwards."""
     import secrets
     import sys
@@ -327,7 +326,7 @@ def lab_in_job(tf_env: Env, work: Path, walltime: str = "00:30:00") -> Iterator[
     from jupyter_hpcai import kernelspec, slurm
     from jupyter_hpcai.proc import wait_until
 
-    kernelspec.install(tf_env, prefix=str(work))
+    kernelspec.install(open_env(tf_env), prefix=str(work))
     settings = work / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')

@@ -25,7 +25,7 @@ def test_resnet50_tiny_end_to_end(devcluster, tf_env, tmp_path: Path, bench: lis
                            "--nodes", "2", "--gpus-per-node", "1", "--ranks", "1,2", "--batch", "2", "--steps", "2",
                            "--warmup", "1", "--results", str(results)],
                           capture_output=True, text=True, timeout=1200,
-                          env={**os.environ, "HPCAI_ENV_ROOT": str(tf_env.root), "COLUMNS": "200"})
+                          env={**os.environ, "HPCAI_ENV_ROOT": str(tf_env.root.path), "COLUMNS": "200"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     data = json.loads((results / "results.json").read_text())
     assert sorted((r["mode"], r["ranks"]) for r in data["rows"]) == [
@@ -55,7 +55,7 @@ def test_resnet50_torch_backend_tiny(devcluster, torch_env, tmp_path: Path) -> N
                            "--batch", "2", "--steps", "2", "--warmup", "1", "--image-size", "64",
                            "--results", str(results)],
                           capture_output=True, text=True, timeout=1200,
-                          env={**os.environ, "HPCAI_ENV_ROOT": str(torch_env.root), "COLUMNS": "200"})
+                          env={**os.environ, "HPCAI_ENV_ROOT": str(torch_env.root.path), "COLUMNS": "200"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     data = json.loads((results / "results.json").read_text())
     assert sorted((r["mode"], r["ranks"]) for r in data["rows"]) == [("srun", 1), ("srun", 2), ("torchrun", 1),
@@ -71,7 +71,7 @@ def test_overhead_ratios_in_one_job(devcluster, tf_env, tmp_path: Path, bench: l
     done = subprocess.run([str(Path(sys.executable).parent / "hpcai"), "bench", "overhead", "--env", tf_env.name,
                            "--nodes", "2", "--gpus-per-node", "1", "--results", str(results)],
                           capture_output=True, text=True, timeout=1200,
-                          env={**os.environ, "HPCAI_ENV_ROOT": str(tf_env.root), "COLUMNS": "200"})
+                          env={**os.environ, "HPCAI_ENV_ROOT": str(tf_env.root.path), "COLUMNS": "200"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     found = json.loads((results / "overhead.json").read_text())
     assert found["ranks"] == 2 and all(v > 0 for v in found.values())
@@ -79,3 +79,20 @@ def test_overhead_ratios_in_one_job(devcluster, tf_env, tmp_path: Path, bench: l
     assert table.count("\n") == 5 and "provisioner / plain ipykernel" in table
     bench.append("bench overhead: " + " ; ".join(
         f"{line.split('|')[1].strip()} = {line.split('|')[4].strip()}" for line in table.splitlines()[2:]))
+
+
+@pytest.mark.slow
+def test_env_rebuild_benchmark(tf_env, tmp_path: Path, bench: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """tf-horovod-cpu: a first build (Horovod compiled), then, alternating, rebuilds from the lock and with one pip
+    package added, and uv against pip for its pip layer. Printed as ratios; each build is real (it verifies)."""
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "tf-horovod-cpu.yaml"
+    done = subprocess.run([sys.executable, "-m", "jupyter_hpcai.bench.rebuild", str(recipe), "--root", str(tmp_path),
+                           "--times", "2"], capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = [ln.strip() for ln in done.stdout.splitlines() if "=" in ln or ln.startswith("env rebuilds")]
+    assert len(lines) == 4 and lines[0].startswith("env rebuilds of tf-horovod-cpu"), done.stdout
+    from jupyter_hpcai.envs import EnvStore
+
+    built = EnvStore.at(tmp_path / "envs").get("tf-horovod-cpu")
+    assert built.manifest.recipe_hash == EnvStore.at(tf_env.root.path).get("tf-horovod-cpu").manifest.recipe_hash
+    bench.extend(lines)

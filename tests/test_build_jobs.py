@@ -13,8 +13,7 @@ import pytest
 
 from jupyter_hpcai import slurm
 from jupyter_hpcai.devcluster import SEPARATE
-from jupyter_hpcai.envs import EnvStore, parse_recipe
-from jupyter_hpcai.envs.check import check
+from jupyter_hpcai.envs import EnvStore, open_env, parse_recipe
 from jupyter_hpcai.envs.preflight import preflight
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
@@ -49,10 +48,10 @@ def test_build_job_on_the_gpu_partition(devcluster, small_recipe: Path, env_stor
     job_id = output.split("build job ")[1].split()[0]
     assert f"{job_id}| ✓ pip done" in output and f"{job_id}| env 'remote' built" in output, output
     env = env_store.env("remote")
-    site = env.current().manifest()["build_site"]  # type: ignore[index,union-attr]
+    site = env.current().manifest().build_site  # type: ignore[index,union-attr]
     assert (site["job_id"], site["partition"], len(site["gpus"])) == (job_id, "gpu", 1)
     assert site["node"] in ("n1", "n2") and "Open MPI" in site["mpi"]
-    assert check(env)
+    assert open_env(env).check().passed
 
 
 @pytest.mark.slurm
@@ -73,7 +72,9 @@ def test_a_build_job_on_a_node_without_a_route_out_says_how_to_install(devcluste
 
 @pytest.mark.slurm
 def test_cancelling_a_build_job_keeps_the_old_env(devcluster, small_recipe: Path, env_store: EnvStore,  # type: ignore[no-untyped-def]
-                                                  tmp_path: Path) -> None:
+                                                  tmp_path: Path, wheelhouse: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # the nodes have no route out: the job installs from the wheelhouse
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheelhouse))
     proc = _cli(["env", "build", str(small_recipe), "--name", "cancelled", "--here"], env_store)
     assert proc.wait(timeout=300) == 0
     env = env_store.env("cancelled")
@@ -95,7 +96,7 @@ def test_cancelling_a_build_job_keeps_the_old_env(devcluster, small_recipe: Path
     assert "cancel build job" in output and f"cancelling job {job_id}" in output, output
     wait_until(lambda: slurm.job_info(job_id)["JobState"] in slurm.TERMINAL_STATES, timeout=60, what="the job to end")  # type: ignore[index]
     assert slurm.job_info(job_id)["JobState"] == "CANCELLED"  # type: ignore[index]
-    assert env.current() == before and check(env)
+    assert env.current() == before and open_env(env).check().passed
     wait_until(lambda: [b.id for b in env.builds()] == [before.id], timeout=30,  # type: ignore[union-attr]
                what="the cancelled build's prefix to be discarded")
 

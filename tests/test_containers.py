@@ -8,6 +8,7 @@ UDOCKER_DIR of the session. Fake here: only the GPUs (as everywhere in the suite
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -22,8 +23,8 @@ from conftest import REPO, JobKernel, kernel_in_job
 from container_image import MARKER, image_tarball
 from jupyter_helpers import wait_for_stream
 from jupyter_hpcai.engines.launch import Layout, engine_cmd
-from jupyter_hpcai.envs import Env, EnvStore
-from jupyter_hpcai.envs.container import Container, Settings, import_container
+from jupyter_hpcai.envs import ContainerEnv, ContainerLaunch, EnvDir, EnvStore, open_env
+from jupyter_hpcai.envs.container import Settings, import_container
 from jupyter_hpcai.errors import HPCAIError
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -51,7 +52,7 @@ def image() -> Path:
 
 
 @pytest.fixture(scope="module")
-def deb(udocker: dict[str, str], image: Path, env_store: EnvStore) -> Env:
+def deb(udocker: dict[str, str], image: Path, env_store: EnvStore) -> EnvDir:
     import_container(str(image), "deb", store=env_store)
     return env_store.env("deb")
 
@@ -62,19 +63,19 @@ def _cli(*args: str, store: EnvStore, variables: dict[str, str] | None = None) -
                           env={**os.environ, **(variables or {}), "HPCAI_ENV_ROOT": str(store.root)})
 
 
-def test_import_list_check_and_a_failed_reimport_keeps_the_env(deb: Env, image: Path, env_store: EnvStore) -> None:
-    found = Container.current(deb)
-    assert found.inside["python"].startswith("3.11") and found.inside["mpi"] == "mpirun (Open MPI) 4.1.4"
-    assert {"ipykernel", "ipyparallel", "mpi4py"} <= set(found.inside["packages"])
+def test_import_list_check_and_a_failed_reimport_keeps_the_env(deb: EnvDir, image: Path, env_store: EnvStore) -> None:
+    found = open_env(deb)
+    assert found.inside.python.startswith("3.11") and found.inside.mpi == "mpirun (Open MPI) 4.1.4"
+    assert {"ipykernel", "ipyparallel", "mpi4py"} <= set(found.inside.packages)
     listing = _cli("env", "list", store=env_store)
-    assert re.search(r"deb\s+│\s+container\s+│", listing.stdout), listing.stdout
+    assert re.search(r"deb\s+│\s+user\s+│\s+container\s+│", listing.stdout), listing.stdout
     check = _cli("env", "check", "deb", store=env_store)
     assert check.returncode == 0 and "runs (mode P1, python3)" in check.stdout and "warning" not in check.stdout
     # a mode udocker cannot run here (F1 needs udocker's own fakechroot build): clear error, old build stays
     bad = _cli("env", "import-container", str(image), "--name", "deb", "--mode", "F1", store=env_store)
     assert bad.returncode != 0 and "does not run in mode F1" in bad.stdout and "another --mode" in bad.stdout, bad.stdout
     assert "Traceback" not in bad.stdout + bad.stderr
-    assert Container.current(deb).build == found.build and len(deb.builds()) == 1
+    assert open_env(deb).build == found.build and len(deb.builds()) == 1
     assert _cli("env", "check", "deb", store=env_store).returncode == 0
 
 
@@ -100,7 +101,7 @@ def test_docker_save_tarball_is_loaded_and_remove_cleans_up(udocker: dict[str, s
                                                              tmp_path: Path) -> None:
     saved = _docker_save(image, tmp_path, "hpcai-test/deb:saved")
     found = import_container(str(saved), "saved", store=env_store)
-    assert found.inside["python"].startswith("3.11")
+    assert found.inside.python.startswith("3.11")
     assert json.loads((found.build.meta / "manifest.json").read_text())["image"] == "hpcai-test/deb:saved"
     removed = _cli("env", "remove", "saved", store=env_store)
     assert removed.returncode == 0, removed.stdout
@@ -119,25 +120,27 @@ def test_import_errors_name_the_fix(udocker: dict[str, str], image: Path, env_st
     assert "Traceback" not in done.stdout + done.stderr and env_store.env("broken").current() is None
 
 
-def test_missing_image_and_missing_container_are_clear(udocker: dict[str, str], deb: Env, env_store: EnvStore) -> None:
+def test_missing_image_and_missing_container_are_clear(udocker: dict[str, str], deb: EnvDir, env_store: EnvStore) -> None:
     with pytest.raises(HPCAIError, match="no image tarball at ./nosuch.tar"):
         import_container("./nosuch.tar", "none", store=env_store)
     with pytest.raises(HPCAIError, match="pull") as err:
         import_container("registry.invalid/nobody/nothing:1", "none", store=env_store)
     assert "import a tarball" in err.value.hint
-    gone = Container.current(deb)
+    gone = open_env(deb)
     Settings.from_environ().udocker_run(["rename", gone.container, gone.container + "-away"])
     try:
         with pytest.raises(HPCAIError, match="is gone from") as err:
-            Container.current(deb)
+            open_env(deb).argv(["python"])
         assert "import-container" in err.value.hint
     finally:
         Settings.from_environ().udocker_run(["rename", gone.container + "-away", gone.container])
 
 
-def test_mpi_mismatch_is_refused_naming_both_versions(deb: Env) -> None:
-    found = Container.current(deb)
-    environ = {**found.environ(dict(os.environ)), "HPCAI_HOST_MPI": "mpirun (Open MPI) 5.0.3"}
+def test_mpi_mismatch_is_refused_naming_both_versions(deb: EnvDir) -> None:
+    found = open_env(deb)
+    launch = ContainerLaunch.from_env(found.environ())
+    assert launch is not None and launch.mpi == "mpirun (Open MPI) 4.1.4"
+    environ = dataclasses.replace(launch, host_mpi="mpirun (Open MPI) 5.0.3").to_env()
     with pytest.raises(HPCAIError) as err:
         engine_cmd(Layout(4, 2, 2, "srun"), environ)
     assert "mpirun (Open MPI) 4.1.4" in err.value.message and "5.0.3" in err.value.message
@@ -151,7 +154,7 @@ SECRETS = {"JUPYTERHUB_API_TOKEN": "hub-token-never-inside", "HPCAI_TEST_SECRET"
 
 
 @pytest.fixture(scope="module")
-def deb_kernel(devcluster, deb: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobKernel]:  # type: ignore[no-untyped-def]
+def deb_kernel(devcluster, deb: EnvDir, tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobKernel]:  # type: ignore[no-untyped-def]
     with kernel_in_job(deb, tmp_path_factory.mktemp("container-kernel"),
                        environ={**SECRETS, "HPCAI_TEST_VISIBLE": "yes"}) as kernel:
         yield kernel
@@ -170,7 +173,7 @@ def test_kernel_runs_inside_the_container_with_the_allocation(deb_kernel: JobKer
     assert len(seen["srun"][0]) == 2, seen["srun"]  # the host's Slurm client works from inside
 
 
-def test_the_container_sees_no_secret_and_no_more_of_the_host_than_it_needs(deb_kernel: JobKernel, deb: Env,
+def test_the_container_sees_no_secret_and_no_more_of_the_host_than_it_needs(deb_kernel: JobKernel, deb: EnvDir,
                                                                            devcluster) -> None:  # type: ignore[no-untyped-def]
     """The kernel connects and srun works (test above), yet the image gets no token or secret-named variable,
     and no bind reaches root-only host files, other users' homes or the cluster's keys."""
@@ -182,7 +185,7 @@ def test_the_container_sees_no_secret_and_no_more_of_the_host_than_it_needs(deb_
     root_only.parent.mkdir(parents=True, exist_ok=True)
     root_only.write_text("x")
     root_only.chmod(0o600)
-    host = Container.current(deb).run_argv()
+    host = open_env(deb).run_argv()
     binds = [arg.removeprefix("--volume=").split(":")[0] for arg in host if arg.startswith("--volume=")]
     # host path -> where it would show inside (the image has an /etc/shadow of its own: only the host's counts)
     reach = {"the host's /etc/shadow": ("/etc/shadow", ["/.hpcai/host/etc/shadow"])}
@@ -207,7 +210,7 @@ def test_the_container_sees_no_secret_and_no_more_of_the_host_than_it_needs(deb_
                f"inside: {found or 'not there'}; binds covering it: {covered or 'none'}")
 
 
-def test_interrupt_reaches_the_kernel_inside(deb_kernel: JobKernel, deb: Env) -> None:
+def test_interrupt_reaches_the_kernel_inside(deb_kernel: JobKernel, deb: EnvDir) -> None:
     """A signal would reach udocker, not the kernel: the kernelspec asks Jupyter to interrupt by message.
 
     The cell sleeps in short steps, as a training loop returns to Python between steps: under proot (P1) a SIGINT
@@ -215,7 +218,7 @@ def test_interrupt_reaches_the_kernel_inside(deb_kernel: JobKernel, deb: Env) ->
     second or third such interrupt in a row waited out the whole sleep; in 0.1 s steps, 6 of 6 came at once)."""
     from jupyter_hpcai import kernelspec
 
-    assert kernelspec.render(deb)["interrupt_mode"] == "message"
+    assert kernelspec.render(open_env(deb))["interrupt_mode"] == "message"
     client = deb_kernel.client
     client.execute("import time\nprint('sleeping', flush=True)\nfor _ in range(3000):\n    time.sleep(0.1)",
                    stop_on_error=False)
@@ -247,14 +250,14 @@ def test_mpi4py_allreduce_on_container_engines_across_two_nodes(deb_kernel: JobK
 
 
 @pytest.fixture(scope="module")
-def tf_container(udocker: dict[str, str], image: Path, env_store: EnvStore, tf_env: Env) -> Container:
+def tf_container(udocker: dict[str, str], image: Path, env_store: EnvStore, tf_env: EnvDir) -> ContainerEnv:
     """The image with TensorFlow and Horovod from the tf-horovod-cpu env, bind-mounted at the same path (the
     image itself has neither); the env's python is a venv of python 3.11, which the image has too."""
     return import_container(str(image), "tfc", store=env_store, python=str(tf_env.current_link / "bin" / "python"),
                             binds=[str(tf_env.dir)])
 
 
-def test_horovod_allreduce_on_container_ranks(devcluster, tf_container: Container, env_store: EnvStore,  # type: ignore[no-untyped-def]
+def test_horovod_allreduce_on_container_ranks(devcluster, tf_container: ContainerEnv, env_store: EnvStore,  # type: ignore[no-untyped-def]
                                               tmp_path: Path) -> None:
     with kernel_in_job(env_store.env("tfc"), tmp_path) as kernel:
         assert kernel.run("%load_ext jupyter_hpcai").status == "ok"
@@ -268,7 +271,7 @@ def test_horovod_allreduce_on_container_ranks(devcluster, tf_container: Containe
             assert f"[rank {rank} {host}] inside True sum 10.0" in cell.stdout
 
 
-def test_container_vs_native_training_throughput(devcluster, tf_container: Container, tf_env: Env,  # type: ignore[no-untyped-def]
+def test_container_vs_native_training_throughput(devcluster, tf_container: ContainerEnv, tf_env: EnvDir,  # type: ignore[no-untyped-def]
                                                  bench: list[str]) -> None:
     """The same training script on the same 2 ranks (one per node): native, then in the container. Printed."""
     srun = ["srun", "--mpi=pmix", "--nodes=2", "--ntasks-per-node=1", "--time=00:10:00"]

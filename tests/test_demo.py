@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 def test_demo_check_walks_the_whole_path(devcluster, tf_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     state = tmp_path / "hub"
     env = {**os.environ, "HPCAI_HUB_DIR": str(state), "HPCAI_HUB_PORT": str(free_port()),
-           "HPCAI_ENV_ROOT": str(tf_env.root), "COLUMNS": "200"}
+           "HPCAI_ENV_ROOT": str(tf_env.root.path), "COLUMNS": "200"}
     try:
         done = subprocess.run([HPCAI, "demo", "--check"], capture_output=True, text=True, timeout=1200, env=env)
     finally:  # the hub outlives the command by design: --stop ends it, its proxy and the cluster

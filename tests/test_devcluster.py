@@ -78,9 +78,9 @@ def test_srun_pmix_mpi_allreduce_across_nodes(devcluster: DevCluster) -> None:
 
 
 def test_up_twice_is_harmless(devcluster: DevCluster) -> None:
-    before = devcluster.status()["daemons"]
+    before = devcluster.status().daemons
     devcluster.up()
-    assert devcluster.status()["daemons"] == before
+    assert devcluster.status().daemons == before
 
 
 def test_up_with_other_shape_while_running_is_refused(devcluster: DevCluster) -> None:
@@ -119,7 +119,7 @@ def test_down_stops_everything_and_up_works_again(devcluster: DevCluster, tmp_pa
         other.down()  # nothing running: harmless
     finally:
         other.down()
-    assert all(devcluster.status()["daemons"].values()), "the session's cluster must be untouched"
+    assert all(devcluster.status().daemons.values()), "the session's cluster must be untouched"
 
 
 def test_missing_slurm_names_the_install_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -249,7 +249,7 @@ def test_down_after_a_killed_run_leaves_no_network_behind(devcluster: DevCluster
     assert done.returncode == 0, done.stdout + done.stderr
     assert _leftovers(cluster) == []
     assert _daemon_pids(state) == []
-    assert all(devcluster.status()["daemons"].values()), "the session's cluster must be untouched"
+    assert all(devcluster.status().daemons.values()), "the session's cluster must be untouched"
     again = subprocess.run(done.args, capture_output=True, text=True, timeout=60)  # nothing left: harmless
     assert again.returncode == 0 and _leftovers(cluster) == [], again.stdout + again.stderr
 

@@ -260,9 +260,10 @@ def test_a_real_notebook_through_nbclient(devcluster, tf_env, tmp_path) -> None:
     import nbformat
 
     from jupyter_hpcai import kernelspec, slurm
+    from jupyter_hpcai.envs import open_env
     from jupyter_hpcai.proc import wait_until
 
-    kernelspec.install(tf_env, prefix=str(tmp_path))
+    kernelspec.install(open_env(tf_env), prefix=str(tmp_path))
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in (
         "%load_ext jupyter_hpcai", "%hpc start",
         "%%horovod_run --output collapse\nimport tensorflow as tf\nprint('sum', float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum)))",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,33 +15,33 @@ from pathlib import Path
 import pytest
 
 from condachan import index, make_package
-from jupyter_hpcai.envs import Builder, EnvStore, activated, load_recipe, parse_recipe
-from jupyter_hpcai.envs.check import check
+from jupyter_hpcai.envs import Builder, EnvDir, EnvStore, Event, PrefixEnv, load_recipe, open_env, parse_recipe
+from jupyter_hpcai.envs.manifest import Lock, PrefixManifest
 from jupyter_hpcai.envs.conda import solve
-from jupyter_hpcai.envs.store import Env
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 HPCAI = str(Path(sys.executable).parent / "hpcai")
+ANSI_CODES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def _python_in(env: Env, code: str) -> str:
-    build, environ = activated(env)
-    out = subprocess.run([str(build.python), "-c", code], env=environ, capture_output=True, text=True, timeout=60)
+def _python_in(env: EnvDir, code: str) -> str:
+    opened = open_env(env)
+    out = subprocess.run([str(opened.build.python), "-c", code], env=opened.environ(), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
 
-def test_build_activates_and_imports(small_env: Env) -> None:
+def test_build_activates_and_imports(small_env: EnvDir) -> None:
     build = small_env.current()
     assert build is not None
     manifest = build.manifest()
     assert manifest is not None
-    assert {p["name"] for p in manifest["conda"]} == {"hpcai-test-activate", "hpcai-test-lib", "hpcai-test-six"}
-    assert [p["name"] for p in manifest["pip"]] == ["six"]
-    assert set(manifest["phase_seconds"]) >= {"conda", "python", "pip", "verify"}
-    assert [s["step"] for s in manifest["verify"]] == ["import six", "hpcai-test-tool.sh"]
+    assert {p.name for p in manifest.conda} == {"hpcai-test-activate", "hpcai-test-lib", "hpcai-test-six"}
+    assert [p.name for p in manifest.pip] == ["six"]
+    assert set(manifest.phase_seconds) >= {"conda", "python", "pip", "verify"}
+    assert [s.step for s in manifest.verify] == ["import six", "hpcai-test-tool.sh"]
     # conda-meta records exist for every conda package, as conda itself writes them
     assert len(list((build.prefix / "conda-meta").glob("hpcai-test-*.json"))) == 3
     out = _python_in(small_env, "import os, sys, ctypes, six; "
@@ -49,19 +52,19 @@ def test_build_activates_and_imports(small_env: Env) -> None:
     assert (activated, answer) == ("yes", "42")
 
 
-def test_pip_overwriting_conda_files_is_reported(small_env: Env) -> None:
+def test_pip_overwriting_conda_files_is_reported(small_env: EnvDir) -> None:
     manifest = small_env.current().manifest()  # type: ignore[union-attr]
-    assert manifest["conflicts"] == [
+    assert manifest.conflicts == [
         "pip package six overwrote 1 file(s) of conda package hpcai-test-six (e.g. lib/python3.11/site-packages/six.py)"
     ]
 
 
-def test_unchanged_recipe_is_up_to_date(small_env: Env, small_recipe: Path, env_store: EnvStore) -> None:
+def test_unchanged_recipe_is_up_to_date(small_env: EnvDir, small_recipe: Path, env_store: EnvStore) -> None:
     result = Builder(load_recipe(small_recipe), store=env_store).run()
     assert result.up_to_date and result.build == small_env.current()
 
 
-def test_lock_reproduces_the_same_package_set(small_env: Env, small_recipe: Path, env_store: EnvStore,
+def test_lock_reproduces_the_same_package_set(small_env: EnvDir, small_recipe: Path, env_store: EnvStore,
                                               bench: list[str]) -> None:
     build = small_env.current()
     assert build is not None
@@ -70,16 +73,16 @@ def test_lock_reproduces_the_same_package_set(small_env: Env, small_recipe: Path
     copy = Builder(load_recipe(small_recipe), store=env_store, name="small-locked", locked=build.lock()).run()
     seconds = time.monotonic() - start
     again = copy.build.manifest()
-    assert again is not None and again["locked"]
-    key = lambda m: ({(p["name"], p["version"], p["build"]) for p in m["conda"]},  # noqa: E731
-                     {(p["name"], p["version"]) for p in m["pip"]})
+    assert again is not None and again.locked
+    key = lambda m: ({(p.name, p.version, p.build) for p in m.conda},  # noqa: E731
+                     {(p.name, p.version) for p in m.pip})
     assert key(again) == key(first)
-    first_seconds = sum(first["phase_seconds"].values())
+    first_seconds = sum(first.phase_seconds.values())
     bench.append(f"env build: locked rebuild with warm caches {seconds:.1f} s / first build {first_seconds:.1f} s "
                  f"= {seconds / first_seconds:.2f}")
 
 
-def test_conda_change_after_pip_is_refused_then_rebuilt(small_env: Env, small_recipe: Path, env_store: EnvStore,
+def test_conda_change_after_pip_is_refused_then_rebuilt(small_env: EnvDir, small_recipe: Path, env_store: EnvStore,
                                                         tmp_path: Path) -> None:
     Builder(load_recipe(small_recipe), store=env_store, name="order").run()
     env = env_store.env("order")
@@ -92,12 +95,12 @@ def test_conda_change_after_pip_is_refused_then_rebuilt(small_env: Env, small_re
     assert env.current() == before
     rebuilt = Builder(load_recipe(changed), store=env_store, name="order", rebuild=True).run()
     assert rebuilt.build != before
-    versions = {p["name"]: p["version"] for p in rebuilt.build.manifest()["conda"]}  # type: ignore[index]
+    versions = {p.name: p.version for p in rebuilt.build.manifest().conda}  # type: ignore[index]
     assert versions["hpcai-test-lib"] == "2.0"
-    assert [p["name"] for p in rebuilt.build.manifest()["pip"]] == ["six"]  # type: ignore[index]
+    assert [p.name for p in rebuilt.build.manifest().pip] == ["six"]  # type: ignore[index]
 
 
-def test_pip_only_change_keeps_the_conda_layer(small_env: Env, small_recipe: Path, env_store: EnvStore,
+def test_pip_only_change_keeps_the_conda_layer(small_env: EnvDir, small_recipe: Path, env_store: EnvStore,
                                                tmp_path: Path) -> None:
     Builder(load_recipe(small_recipe), store=env_store, name="piponly").run()
     env = env_store.env("piponly")
@@ -105,8 +108,113 @@ def test_pip_only_change_keeps_the_conda_layer(small_env: Env, small_recipe: Pat
     changed = tmp_path / "pip.yaml"
     changed.write_text(small_recipe.read_text().replace("six==1.16.0", "six==1.17.0"))
     new = Builder(load_recipe(changed), store=env_store, name="piponly").run().build.manifest()
-    assert new["conda"] == old["conda"]  # type: ignore[index]
-    assert {p["name"]: p["version"] for p in new["pip"]}["six"] == "1.17.0"  # type: ignore[index]
+    assert new.conda == old.conda  # type: ignore[index]
+    assert {p.name: p.version for p in new.pip}["six"] == "1.17.0"  # type: ignore[index]
+
+
+def test_adding_a_pip_package_keeps_the_old_build_until_current_moves(small_recipe: Path, env_store: EnvStore,
+                                                                     tmp_path: Path) -> None:
+    """One package added: a new build next to the old one (uv, from its cache); the old build is current and
+    works until the new one verified; then `current` moves."""
+    Builder(load_recipe(small_recipe), store=env_store, name="grow").run()
+    env = env_store.env("grow")
+    old = env.current()
+    assert old is not None
+    grown = tmp_path / "grown.yaml"
+    grown.write_text(small_recipe.read_text().replace("pip: [six==1.16.0]", "pip: [six==1.16.0, idna]"))
+    seen: list[tuple[Path, str]] = []
+
+    def during(event: Event) -> None:
+        if event.phase == "verify" and event.state == "started":  # the new build is installed, not yet current
+            opened = open_env(env)
+            done = subprocess.run(opened.argv(["python", "-c", "import six, sys; print(sys.prefix)"]),
+                                  env=opened.environ(), capture_output=True, text=True, timeout=60)
+            seen.append((Path(done.stdout.strip()), done.stderr))
+
+    result = Builder(load_recipe(grown), store=env_store, name="grow", progress=during).run()
+    assert seen and seen[0][0].resolve() == old.prefix.resolve(), seen
+    assert env.current() == result.build != old
+    manifest = result.build.manifest()
+    assert isinstance(manifest, PrefixManifest) and manifest.installer == "uv"
+    assert {p.name for p in manifest.pip} == {"six", "idna"}
+    assert old.prefix.exists(), "the previous build is kept (prune keeps two)"
+
+
+def test_progress_shows_bars_with_counts_and_a_summary(small_recipe: Path, env_store: EnvStore, tmp_path: Path) -> None:
+    """On a terminal, `hpcai env build` shows a bar per phase with packages or steps done of known totals, then one
+    line with each phase's time."""
+    import pty
+
+    recipe = tmp_path / "bars.yaml"
+    recipe.write_text(small_recipe.read_text().replace("name: small", "name: bars"))
+    out = bytearray()
+
+    def read(fd: int) -> bytes:
+        data = os.read(fd, 65536)
+        out.extend(data)
+        return data
+
+    status = pty.spawn(["env", f"HPCAI_ENV_ROOT={env_store.root}", "COLUMNS=160", "TERM=xterm", HPCAI, "env", "build",
+                        str(recipe)], read)
+    text = ANSI_CODES.sub("", out.decode(errors="replace"))
+    assert os.waitstatus_to_exitcode(status) == 0, text[-3000:]
+    assert re.search(r"pip ━+ 1/1", text), text[-3000:]  # a bar with packages done of the total
+    assert re.search(r"verify ━+ 2/2", text), text[-3000:]  # the recipe's two verify steps
+    summary = re.search(r"phases: preflight [\d.]+ s · conda [\d.]+ s · python [\d.]+ s · pip [\d.]+ s · "
+                        r"verify [\d.]+ s · record [\d.]+ s \(total [\d.]+ s\)", text)
+    assert summary, text[-3000:]
+
+
+@pytest.mark.parametrize("written", sorted(p.name for p in (REPO / "tests" / "data" / "manifests").glob("*.json")
+                                           if not p.name.endswith(".lock.json")))
+def test_manifests_written_by_earlier_code_load(written: str, tmp_path: Path) -> None:
+    """Each generation of manifest this project has written (copied from real builds) opens as its kind."""
+    data = json.loads((REPO / "tests" / "data" / "manifests" / written).read_text())
+    root = tmp_path / "envs"
+    build = root / data["name"] / "builds" / data["build_id"]
+    (build / ".hpcai").mkdir(parents=True)
+    (build / ".hpcai" / "manifest.json").write_text(json.dumps(data))
+    (root / data["name"] / "current").symlink_to(Path("builds") / data["build_id"])
+    opened = EnvStore.at(root).get(data["name"])
+    assert opened.kind == ("container" if data["kind"] == "container" else "prefix")
+    described = opened.describe()
+    assert described["python"] != "-" and described["packages"]
+    if isinstance(opened, PrefixEnv):
+        assert opened.recipe.name == data["recipe"]["name"] and opened.manifest.recipe_hash == data["recipe_hash"]
+        assert [p.name for p in opened.manifest.pip] == [p["name"] for p in data["pip"]]
+    else:
+        assert opened.manifest.inside.packages == data["inside"]["packages"]
+    assert json.loads(opened.manifest.model_dump_json())["build_id"] == data["build_id"]
+
+
+def test_lock_written_by_earlier_code_loads() -> None:
+    lock = Lock.model_validate_json((REPO / "tests" / "data" / "manifests" / "prefix-2026-12.lock.json").read_text())
+    assert "horovod==0.28.1" in lock.pip and lock.no_build_isolation == ["horovod"]
+
+
+def test_recipe_hash_is_where_independent(small_recipe: Path, tmp_path: Path) -> None:
+    """The same recipe with a relative editable path, in two folders: the same hash (what it says, not where it
+    sits); a changed line: another."""
+    hashes = []
+    for where in ("one", "two"):
+        project = tmp_path / where / "project"
+        project.mkdir(parents=True)
+        (project / "pyproject.toml").write_text('[project]\nname = "p"\nversion = "1"\n')
+        (tmp_path / where / "recipes").mkdir()
+        recipe = tmp_path / where / "recipes" / "r.yaml"
+        recipe.write_text("name: r\npython: /usr/bin/python3\npip: [six, -e ../project]\n")
+        hashes.append(load_recipe(recipe).digest())
+    assert hashes[0] == hashes[1]
+    recipe.write_text("name: r\npython: /usr/bin/python3\npip: [six==1.17.0, -e ../project]\n")
+    assert load_recipe(recipe).digest() != hashes[0]
+
+
+def test_conda_layer_is_hardlinked_from_the_package_cache(small_env: EnvDir) -> None:
+    """rattler links the conda packages' files from its cache: a rebuild copies nothing."""
+    build = small_env.current()
+    assert build is not None
+    lib = build.prefix / "lib" / "libhpcaitest.so"
+    assert lib.stat().st_nlink > 1, "a copy, not a link into the package cache"
 
 
 # -- nothing is lost -------------------------------------------------------------------------------
@@ -135,7 +243,7 @@ def blocking_recipe(small_recipe: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "killed"])
-def test_interrupted_build_keeps_the_previous_env(small_env: Env, small_recipe: Path, env_store: EnvStore,
+def test_interrupted_build_keeps_the_previous_env(small_env: EnvDir, small_recipe: Path, env_store: EnvStore,
                                                   tmp_path: Path, sig: signal.Signals) -> None:
     name = f"interrupt-{sig.name.lower()}"
     Builder(load_recipe(small_recipe), store=env_store, name=name).run()
@@ -155,7 +263,7 @@ def test_interrupted_build_keeps_the_previous_env(small_env: Env, small_recipe: 
             os.killpg(build.pid, signal.SIGKILL)
     assert build.returncode != 0
     assert env.current() == before, "current must not move"
-    assert check(env), "the previous env still verifies"
+    assert open_env(env).check().passed, "the previous env still verifies"
     if sig == signal.SIGINT:
         assert "interrupted" in output and "is still current" in output and "log:" in output, output
         assert "Traceback" not in output
@@ -166,7 +274,7 @@ def test_interrupted_build_keeps_the_previous_env(small_env: Env, small_recipe: 
         assert [b.id for b in env.builds()] == [before.id]  # type: ignore[union-attr]
 
 
-def test_logs_are_private(small_env: Env) -> None:
+def test_logs_are_private(small_env: EnvDir) -> None:
     logs = small_env.dir / "logs"
     assert logs.stat().st_mode & 0o777 == 0o700
     assert {p.stat().st_mode & 0o777 for p in logs.iterdir()} == {0o600}
@@ -253,11 +361,77 @@ def test_cpu_recipe_parses() -> None:
 
 
 @pytest.mark.slow
-def test_tf_horovod_cpu_env_verifies_gloo_and_mpi(tf_env: Env) -> None:
+def test_tf_horovod_cpu_env_verifies_gloo_and_mpi(tf_env: EnvDir) -> None:
     manifest = tf_env.current().manifest()  # type: ignore[union-attr]
-    check_build = next(s["output"] for s in manifest["verify"] if s["step"] == "horovodrun --check-build")
-    for line in ("[X] TensorFlow", "[X] MPI", "[X] Gloo"):
-        assert line in check_build
+    built = next(s.output for s in manifest.verify if s.step.startswith("python -c \"import horovod.tensorflow"))
+    assert built == "mpi True gloo True"
     assert {"tensorflow-cpu": "2.15.1", "horovod": "0.28.1"}.items() <= {
-        p["name"]: p["version"] for p in manifest["pip"]}.items()
-    assert [s.step for s in check(tf_env)][-1] == "horovodrun --check-build"
+        p.name: p.version for p in manifest.pip}.items()
+    check_build = subprocess.run([str(tf_env.current_link / "bin" / "horovodrun"), "--check-build"],
+                                 env=open_env(tf_env).environ(), capture_output=True, text=True, timeout=300)
+    for line in ("[X] TensorFlow", "[X] MPI", "[X] Gloo"):  # what the recipe's one-process check stands for
+        assert line in check_build.stdout, check_build.stdout + check_build.stderr
+    assert open_env(tf_env).check().passed[-1].startswith("python -c \"import horovod.tensorflow")
+
+
+@pytest.mark.slow
+def test_a_second_checkout_reuses_the_build(tf_env: EnvDir, tmp_path: Path) -> None:
+    """The same recipe in another clone of the project is up to date at once: its editable jupyter_hpcai is pointed
+    at the clone (so the env runs the clone's code); building from this checkout again points it back."""
+    clone = tmp_path / "second-checkout"
+    clone.mkdir()
+    tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True,
+                             timeout=60).stdout.decode().split("\0")
+    for name in (n for n in tracked if n and (REPO / n).is_file()):  # the working tree as it is, changes included
+        (clone / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, clone / name)
+    shutil.copytree(REPO / "jupyter_hpcai" / "labextension", clone / "jupyter_hpcai" / "labextension",
+                    dirs_exist_ok=True)  # the built extension (not tracked)
+    before = tf_env.current()
+
+    def build_from(checkout: Path) -> str:
+        done = subprocess.run([HPCAI, "env", "build", str(checkout / "recipes" / "tf-horovod-cpu.yaml")],
+                              capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "HPCAI_ENV_ROOT": str(tf_env.root.path), "COLUMNS": "300"})
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    def follows() -> Path:
+        opened = open_env(tf_env)
+        done = subprocess.run(opened.argv(["python", "-c", "import jupyter_hpcai; print(jupyter_hpcai.__file__)"]),
+                              env=opened.environ(), capture_output=True, text=True, timeout=120, cwd="/")
+        return Path(done.stdout.strip()).parents[1]
+
+    try:
+        out = build_from(clone)
+        assert "is up to date" in out and f"now follows {clone}" in out, out
+        assert tf_env.current() == before, "no new build"
+        assert follows() == clone
+        assert tf_env.current().manifest().editables == {"jupyter-hpcai": str(clone)}  # type: ignore[union-attr]
+    finally:
+        out = build_from(REPO)
+    assert "is up to date" in out and f"now follows {REPO}" in out and follows() == REPO
+
+
+@pytest.mark.slow
+def test_the_gpu_recipe_builds_here(tmp_path: Path) -> None:
+    """recipes/torch-cuda.yaml (PyPI's CUDA torch with its nvidia-* wheels) builds on this machine: the CUDA build,
+    NCCL and the CUDA libraries are checked; the GPU-only steps run where a GPU is, else are skipped saying why."""
+    from jupyter_hpcai.envs.verify import gpus_visible
+
+    warnings: list[str] = []
+    result = Builder(load_recipe(REPO / "recipes" / "torch-cuda.yaml"), store=EnvStore(tmp_path, site=[]),
+                     progress=lambda e: warnings.append(e.message) if e.state == "warning" else None).run()
+    manifest = result.build.manifest()
+    assert isinstance(manifest, PrefixManifest)
+    steps = {s.step.split(";")[0]: s for s in manifest.verify}
+    assert steps['python -c "import torch, torch.distributed as d'].output == "cuda build True nccl True"
+    assert steps['python -c "import ctypes, torch'].output == "libcudart and libnccl load"
+    assert any(p.name.startswith("nvidia-nccl") for p in manifest.pip), "NCCL comes as a wheel"
+    gpu_steps = [s for s in manifest.verify if "cuda.is_available" in s.step or "all_reduce" in s.step]
+    assert len(gpu_steps) == 2
+    if why := gpus_visible():
+        assert all(s.skipped == f"needs a GPU: {why}" and not s.output for s in gpu_steps), gpu_steps
+        assert sum("skipped, needs a GPU" in w for w in warnings) == 2, warnings
+    else:
+        assert [s.output.split()[:2] for s in gpu_steps] == [["cuda", "True"], ["nccl", "all_reduce"]], gpu_steps

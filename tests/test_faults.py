@@ -18,7 +18,7 @@ import pytest
 
 from conftest import JobKernel, kernel_in_job
 from jupyter_hpcai.devcluster.cluster import SEPARATE
-from jupyter_hpcai.envs import Builder, EnvStore, load_recipe
+from jupyter_hpcai.envs import Builder, EnvStore, Event, load_recipe
 from jupyter_hpcai.errors import HPCAIError
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -64,7 +64,8 @@ def test_killed_controller_is_reported_and_restart_recovers(world: JobKernel) ->
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "RankFailure"
     assert "controller died" in reply["content"]["evalue"] and "%hpc restart" in reply["content"]["evalue"]
     assert world.run("6 * 7").result == "42", "the notebook kernel lives on"
-    assert world.run("%hpc restart").status == "ok"
+    restarted = world.run("%hpc restart")
+    assert restarted.status == "ok", restarted.error
     cell = world.run("%%horovod_run\nhvd.size()")
     assert cell.status == "ok" and cell.result == "2"
 
@@ -106,7 +107,8 @@ def broken_rank_environment(world: JobKernel, name: str, value: str) -> Iterator
         assert world.run("6 * 7").result == "42", "the notebook kernel lives on"
     finally:
         assert world.run(f"del os.environ[{name!r}]").status == "ok"
-    assert world.run("%hpc restart").status == "ok"
+    restarted = world.run("%hpc restart")
+    assert restarted.status == "ok", restarted.error
     assert world.run("%%horovod_run\nhvd.size()").result == "2"
 
 
@@ -144,9 +146,9 @@ def test_unwritable_manifest_fails_the_build_and_keeps_the_env(small_recipe: Pat
     changed = small_recipe.parent / "readonly.yaml"
     changed.write_text(small_recipe.read_text().replace("six==1.16.0", "six==1.17.0"))
 
-    def block_meta(phase: str, message: str) -> None:
+    def block_meta(event: Event) -> None:
         """Once verify passed, put a file where the new build's .hpcai/ folder goes (root ignores read-only modes)."""
-        if phase == "verify" and message.startswith("done"):
+        if event.phase == "verify" and event.state == "done":
             for build in builds.iterdir():
                 if build.name != before.id:  # type: ignore[union-attr]
                     shutil.rmtree(build / ".hpcai", ignore_errors=True)
@@ -156,4 +158,4 @@ def test_unwritable_manifest_fails_the_build_and_keeps_the_env(small_recipe: Pat
         Builder(load_recipe(changed), store=env_store, name=name, progress=block_meta).run()
     assert "cannot write the manifest" in err.value.message
     assert "is still current" in err.value.hint and "full log" in err.value.hint
-    assert env.current() == before and before.manifest()["pip"] == [{"name": "six", "version": "1.16.0"}]  # type: ignore[union-attr,index]
+    assert env.current() == before and [(p.name, p.version) for p in before.manifest().pip] == [("six", "1.16.0")]  # type: ignore[union-attr,index]

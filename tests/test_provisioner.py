@@ -14,8 +14,7 @@ from jupyter_client.manager import KernelManager
 from jupyter_core.paths import jupyter_runtime_dir
 
 from jupyter_hpcai import kernelspec, slurm
-from jupyter_hpcai.envs import Builder, EnvStore, load_recipe
-from jupyter_hpcai.envs.store import Env
+from jupyter_hpcai.envs import Builder, EnvDir, EnvStore, load_recipe, open_env
 from jupyter_hpcai.provisioner import KernelEnvError
 from jupyter_hpcai.proc import wait_until
 from jupyter_helpers import execute, jupyter_server, wait_for_stream
@@ -32,7 +31,7 @@ def _run(kc, code: str, timeout: float = 60) -> tuple[str, dict]:  # type: ignor
     return "".join(out), reply["content"]
 
 
-def test_kernel_sees_activation_and_module(kernel_env: Env) -> None:
+def test_kernel_sees_activation_and_module(kernel_env: EnvDir) -> None:
     km = KernelManager(kernel_name=kernelspec.kernel_name(kernel_env))
     km.start_kernel()
     try:
@@ -66,7 +65,7 @@ def test_kernel_sees_activation_and_module(kernel_env: Env) -> None:
     assert not km.is_alive()
 
 
-def test_kernel_through_a_real_jupyter_server(kernel_env: Env, tmp_path: Path) -> None:
+def test_kernel_through_a_real_jupyter_server(kernel_env: EnvDir, tmp_path: Path) -> None:
     with jupyter_server(tmp_path) as server:
         status, kernel = server.request("POST", "/api/kernels", {"name": kernelspec.kernel_name(kernel_env)})
         assert status == 201, kernel
@@ -79,7 +78,7 @@ def test_kernel_through_a_real_jupyter_server(kernel_env: Env, tmp_path: Path) -
     assert "without encryption" not in log, log[-3000:]
 
 
-def test_kernel_in_a_slurm_job_keeps_its_gpus(devcluster, kernel_env: Env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_kernel_in_a_slurm_job_keeps_its_gpus(devcluster, kernel_env: EnvDir, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A kernel started inside an sbatch job sees the job's fake GPUs and the allocation API reads the job."""
     probe = tmp_path / "probe.py"
     probe.write_text(f"""
@@ -115,11 +114,12 @@ print(json.dumps({{"job": {{"CUDA_VISIBLE_DEVICES": os.environ["CUDA_VISIBLE_DEV
 
 # -- broken envs: fail fast with the env, the failing step and the fix ------------------------------
 
-def _start_fails(env: Env, tmp_path: Path) -> str:
-    """Start a kernel from ``env``'s kernelspec (written as `hpcai kernel install` would) and return the error."""
+def _start_fails(spec: dict, tmp_path: Path) -> str:  # type: ignore[type-arg]
+    """Start a kernel from an env's kernelspec (written, as `hpcai kernel install` would, before the env broke)
+    and return the error."""
     spec_dir = tmp_path / "kernels" / "broken"
     spec_dir.mkdir(parents=True)
-    (spec_dir / "kernel.json").write_text(json.dumps(kernelspec.render(env)))
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
     from jupyter_client.kernelspec import KernelSpecManager
 
     km = KernelManager(kernel_name="broken", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")]))
@@ -131,46 +131,50 @@ def _start_fails(env: Env, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def scratch_env(small_recipe: Path, env_store: EnvStore, request: pytest.FixtureRequest) -> Env:
-    return Builder(load_recipe(small_recipe), store=env_store, name=f"broken-{request.node.name[-12:]}").run().env
+def scratch_env(small_recipe: Path, env_store: EnvStore, request: pytest.FixtureRequest) -> EnvDir:
+    return Builder(load_recipe(small_recipe), store=env_store, name=f"broken-{request.node.name[-12:]}").run().dir
 
 
-def test_removed_env(scratch_env: Env, env_store: EnvStore, tmp_path: Path) -> None:
-    env_store.remove(scratch_env.name)
-    message = _start_fails(scratch_env, tmp_path)
-    assert f"env '{scratch_env.name}'" in message and "does not exist" in message and "hpcai env build" in message
+def test_removed_env(scratch_env: EnvDir, env_store: EnvStore, tmp_path: Path) -> None:
+    spec = kernelspec.render(open_env(scratch_env))
+    open_env(scratch_env).remove()
+    message = _start_fails(spec, tmp_path)
+    assert f"no environment named '{scratch_env.name}'" in message and "hpcai env build" in message
 
 
-def test_env_without_python(scratch_env: Env, tmp_path: Path) -> None:
+def test_env_without_python(scratch_env: EnvDir, tmp_path: Path) -> None:
+    spec = kernelspec.render(open_env(scratch_env))
     python = scratch_env.current().python  # type: ignore[union-attr]
     python.unlink()
-    message = _start_fails(scratch_env, tmp_path)
+    message = _start_fails(spec, tmp_path)
     assert f"env '{scratch_env.name}' is broken" in message and str(python) in message and "--rebuild" in message
 
 
-def test_failing_activate_script(scratch_env: Env, tmp_path: Path) -> None:
+def test_failing_activate_script(scratch_env: EnvDir, tmp_path: Path) -> None:
     script = scratch_env.current().prefix / "etc" / "conda" / "activate.d" / "zz-site.sh"  # type: ignore[union-attr]
+    spec = kernelspec.render(open_env(scratch_env))
     script.write_text("echo 'site setup failed' >&2\nreturn 3\n")
-    message = _start_fails(scratch_env, tmp_path)
+    message = _start_fails(spec, tmp_path)
     assert f"activating env '{scratch_env.name}' failed" in message and "zz-site.sh failed (exit 3)" in message
     assert "hpcai env check" in message
 
 
-def test_broken_env_error_reaches_the_server_api(scratch_env: Env, tmp_path: Path) -> None:
+def test_broken_env_error_reaches_the_server_api(scratch_env: EnvDir, tmp_path: Path) -> None:
     """JupyterLab's kernel error dialog shows what the server's API returns."""
     import os
 
+    spec = kernelspec.render(open_env(scratch_env))
     scratch_env.current().python.unlink()  # type: ignore[union-attr]
     spec_root = tmp_path / "jupyter"
     (spec_root / "kernels" / "broken").mkdir(parents=True)
-    (spec_root / "kernels" / "broken" / "kernel.json").write_text(json.dumps(kernelspec.render(scratch_env)))
+    (spec_root / "kernels" / "broken" / "kernel.json").write_text(json.dumps(spec))
     with jupyter_server(tmp_path, env={**os.environ, "JUPYTER_PATH": str(spec_root)}) as server:
         status, body = server.request("POST", "/api/kernels", {"name": "broken"})
     assert status == 500
     assert f"env '{scratch_env.name}' is broken" in body["message"] and "--rebuild" in body["message"]
 
 
-def test_kernel_start_overhead(kernel_env: Env, tmp_path: Path, bench: list[str]) -> None:
+def test_kernel_start_overhead(kernel_env: EnvDir, tmp_path: Path, bench: list[str]) -> None:
     """Benchmark (printed): start-to-ready through the provisioner against plain ipykernel, same env."""
     from jupyter_client.kernelspec import KernelSpecManager
 

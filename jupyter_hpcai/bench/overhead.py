@@ -39,7 +39,7 @@ def kernel_start(env_name: str, env_root: str, times: int = 3) -> tuple[float, f
     from .. import kernelspec
     from ..envs import EnvStore
 
-    env = EnvStore(Path(env_root)).get(env_name)
+    env = EnvStore.at(Path(env_root)).get(env_name)
     with tempfile.TemporaryDirectory() as tmp:
         for name, spec in (("provisioned", kernelspec.render(env)),
                            ("plain", {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],

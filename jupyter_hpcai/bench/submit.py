@@ -8,21 +8,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import slurm
-from ..envs import activated
-from ..envs.store import Env
+from ..envs import Env
 from .resnet50 import report
 
 
 def _run_job(env: Env, results: Path, module: str, args: list[str], *, name: str, partition: str | None, nodes: int,
              gpus_per_node: int, tasks_per_node: int, time_limit: str, on_line: Callable[[str], None]) -> int:
     """``python -m module args`` of the env's build as one job; stream its output; return its exit code."""
-    build, environ = activated(env)
+    environ = env.environ()
     results.mkdir(parents=True, exist_ok=True)
     log = results / f"{name}-job-%j.out"
     sbatch = [f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}", f"--time={time_limit}", f"--output={log}",
               f"--job-name=hpcai-{name}"]
     sbatch += [f"--gpus-per-node={gpus_per_node}"] * bool(gpus_per_node) + [f"--partition={partition}"] * bool(partition)
-    job = slurm.sbatch([*sbatch, "--wrap", f"exec {shlex.join([str(build.python), '-m', module, *args])}"], env=environ)
+    job = slurm.sbatch([*sbatch, "--wrap", f"exec {shlex.join(env.argv(['python', '-m', module, *args]))}"], env=environ)
     output = Path(str(log).replace("%j", str(job)))
     on_line(f"{name} job {job}; output: {output}")
     return slurm.follow_output(job, output, on_line)
@@ -48,7 +47,7 @@ def submit_overhead(env: Env, results: Path, *, partition: str | None, nodes: in
     """Run bench/overhead.py in one job; write overhead.json and overhead.md in ``results``."""
     from .overhead import report as overhead_report
 
-    code = _run_job(env, results, "jupyter_hpcai.bench.overhead", [str(results), env.name, str(env.root)],
+    code = _run_job(env, results, "jupyter_hpcai.bench.overhead", [str(results), env.name, str(env.dir.root.path)],
                     name="overhead", partition=partition, nodes=nodes, gpus_per_node=gpus_per_node,
                     tasks_per_node=max(gpus_per_node, 1), time_limit=time_limit, on_line=on_line)
     if code == 0:

@@ -47,6 +47,20 @@ def check_prerequisites() -> None:
 
 
 @dataclass(frozen=True)
+class ClusterStatus:
+    """What `hpcai devcluster status` shows."""
+
+    state_dir: Path
+    conf: Path
+    daemons: dict[str, int | None]  # name -> pid, None when not running
+    nodes: list[slurm.Node]
+    mode: str
+    note: str
+    login_address: str
+    addresses: dict[str, str]  # node -> its address
+
+
+@dataclass(frozen=True)
 class Daemon:
     """One daemon of the cluster and the pid file it writes."""
 
@@ -212,13 +226,12 @@ class DevCluster:
                 wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout=5, what=f"{daemon.name} to die")
         self.net.down()  # also what a crashed `up` or a killed run left
 
-    def status(self) -> dict[str, object]:
+    def status(self) -> ClusterStatus:
         """Daemons with their PIDs, and the nodes as Slurm reports them (when slurmctld runs)."""
         daemons = {d.name: d.pid() for d in self.daemons()}
         nodes = slurm.nodes(self.environ()) if daemons["slurmctld"] and daemons["munged"] else []
-        return {"state_dir": str(self.state_dir), "conf": str(self.conf), "daemons": daemons, "nodes": nodes,
-                "mode": self.mode, "note": self.note, "login_address": self.login_address,
-                "addresses": {n: self.node_address(n) for n in self.node_names}}
+        return ClusterStatus(self.state_dir, self.conf, daemons, nodes, self.mode, self.note, self.login_address,
+                             {n: self.node_address(n) for n in self.node_names})
 
     # -- internals ------------------------------------------------------------------------
     def _all_nodes_usable(self) -> bool:

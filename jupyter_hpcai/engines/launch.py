@@ -5,14 +5,13 @@
 - ``local``: mpirun on this machine only, outside Slurm.
 
 Every way starts the same program, ``python -m jupyter_hpcai.engines.engine``, which pins the
-rank to its GPU before the ipyparallel engine starts. In a container env's kernel (``HPCAI_CONTAINER``,
+rank to its GPU before the ipyparallel engine starts. In a container env's kernel (``ContainerLaunch``,
 set by the provisioner) each rank is ``udocker run ... CONTAINER python -m jupyter_hpcai.engines.engine``
 in the same container, started by srun on the host of every node.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Mapping
@@ -23,6 +22,7 @@ from traitlets import List
 
 from .. import mpi, network
 from ..allocation import Allocation
+from ..container_launch import ContainerLaunch
 from ..errors import HPCAIError
 
 LAUNCHERS = ("srun", "mpirun", "local")
@@ -99,19 +99,18 @@ class MpirunEngineSetLauncher(_EngineSet):
     mpi_cmd = List(["mpirun", "--bind-to", "none"], config=True)
 
 
-def engine_cmd(layout: Layout, environ: dict[str, str] | None = None) -> list[str]:
+def engine_cmd(layout: Layout, environ: Mapping[str, str] | None = None) -> list[str]:
     """What each rank runs: the engine in this python, or in this kernel's container (checked first)."""
-    environ = dict(os.environ if environ is None else environ)
-    if "HPCAI_CONTAINER" not in environ:
+    container = ContainerLaunch.from_env(os.environ if environ is None else environ)
+    if container is None:
         return ENGINE_CMD
-    container = json.loads(environ["HPCAI_CONTAINER"])
     if layout.launcher != "srun":
-        raise HPCAIError(f"container ranks (env '{container['name']}') start with srun, not {layout.launcher}",
+        raise HPCAIError(f"container ranks (env '{container.name}') start with srun, not {layout.launcher}",
                          "leave out --launcher, inside a Slurm job")
-    if why := mpi.mismatch(container.get("mpi"), environ.get("HPCAI_HOST_MPI") or None):
+    if why := mpi.mismatch(container.mpi, container.host_mpi):
         raise HPCAIError(f"the ranks' MPI would not match: {why}",
                          "use an image with the host's MPI version (or load the module of the image's MPI on the host)")
-    return [*container["run"], container["python"], "-m", "jupyter_hpcai.engines.engine"]
+    return container.rank_argv("jupyter_hpcai.engines.engine")
 
 
 def launcher_config(layout: Layout, addresses: Mapping[str, str]) -> tuple[type, dict[str, object]]:

@@ -1,10 +1,14 @@
-"""Environments: recipes, the conda and pip layers, versioned builds, activation, verification."""
+"""Environments: one ``Env`` protocol with a class per kind (a built prefix, a container), a typed manifest,
+``EnvStore`` over the user's and the site's roots; recipes, the conda and pip layers, builds, activation."""
 
-from .build import Builder, BuildResult, activated, activation_env, recipe_of
+from .build import BuildRequest, BuildResult, Builder, Event
+from ..container_launch import ContainerLaunch
+from .container import ContainerEnv
+from .prefix import PrefixEnv
 from .recipe import Recipe, load_recipe, parse_recipe
-from .store import Build, Env, EnvStore
+from .store import Build, Checked, Env, EnvDir, EnvStore, open_env
 
 __all__ = [
-    "Build", "BuildResult", "Builder", "Env", "EnvStore", "Recipe", "activated", "activation_env", "load_recipe",
-    "parse_recipe", "recipe_of",
+    "Build", "BuildRequest", "BuildResult", "Builder", "Checked", "ContainerEnv", "ContainerLaunch", "Env", "EnvDir",
+    "EnvStore", "Event", "PrefixEnv", "Recipe", "load_recipe", "open_env", "parse_recipe",
 ]

@@ -18,10 +18,14 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..errors import HPCAIError
 from ..proc import run
+
+if TYPE_CHECKING:
+    from .recipe import Recipe
 
 # Positional arguments: $1 prefix, $2 env name, $3... modules. Activation output goes to fd 3 only.
 _ACTIVATE_SH = r"""
@@ -48,6 +52,7 @@ for f in "$prefix"/etc/conda/activate.d/*.sh; do
 done
 env -0 >&3
 """
+_DROP = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV")  # another env's
 _VOLATILE = {"_", "SHLVL", "PWD", "OLDPWD", "BASH_FUNC_module%%", "BASH_FUNC_ml%%"}
 _EXPAND = re.compile(r"\$\{(\w+)\}|\$(\w+)")
 
@@ -142,3 +147,10 @@ def for_prefix(prefix: Path, name: str, modules: list[str], variables: dict[str,
     except OSError:
         pass  # a read-only env (another user's) still activates, just without the cache
     return act
+
+
+def activation_env(prefix: Path, recipe: Recipe, name: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a process inside ``prefix`` runs with: ``base`` (default: this process's) less another
+    env's variables, with the recipe's modules, activate.d scripts and ``activate:`` variables applied."""
+    start = {k: v for k, v in (os.environ if base is None else base).items() if k not in _DROP}
+    return for_prefix(prefix, name, list(recipe.modules), dict(recipe.activate)).apply(start)

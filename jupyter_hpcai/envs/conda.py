@@ -1,4 +1,5 @@
-"""The conda layer, solved and installed with py-rattler (no conda needed).
+"""The conda layer, solved and installed with py-rattler (no conda needed), its files hardlinked from
+rattler's package cache where the cache and the prefix share a filesystem.
 
 The install runs in a child process: py-rattler has been seen to abort the interpreter at exit
 after an install, and a crash there must not take the build with it. The child writes its result
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +40,15 @@ def owned_files(prefix: Path) -> dict[str, str]:
     return {f: r["name"] for r in installed(prefix) for f in r.get("files", [])}
 
 
-def install(prefix: Path, channels: list[str], specs: list[str], *, cache: Path, log: Path, timeout: float = 3600) -> list[dict[str, Any]]:
+def install(prefix: Path, channels: list[str], specs: list[str], *, cache: Path, log: Path, timeout: float = 3600,
+            on_output: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Solve ``specs`` against ``channels`` and install the result into ``prefix``."""
     result = prefix.parent / f".{prefix.name}.conda-result.json"
     request = prefix.parent / f".{prefix.name}.conda-request.json"
     request.write_text(json.dumps({"prefix": str(prefix), "channels": [channel_url(c) for c in channels],
                                    "specs": specs, "cache": str(cache), "result": str(result)}))
     try:
-        run_logged([sys.executable, "-m", __name__, request], log=log, timeout=timeout)
+        run_logged([sys.executable, "-m", __name__, request], log=log, timeout=timeout, on_output=on_output)
     except HPCAIError:
         if not result.exists():
             raise
@@ -101,6 +104,7 @@ async def _install(request: dict[str, Any]) -> list[str]:
     import rattler
 
     records = await _solve(rattler, request["channels"], request["specs"])
+    print(f"conda layer: solved {len(records)} packages", flush=True)
     await rattler.install(records, target_prefix=request["prefix"], cache_dir=Path(request["cache"]), show_progress=False)
     return [r.name.normalized for r in records]
 

@@ -24,23 +24,24 @@ the image is untrusted.
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 import re
 import shutil
 import sys
 import tarfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from subprocess import CompletedProcess
-from typing import Any
+from typing import ClassVar
 
 from .. import mpi
+from ..container_launch import ContainerLaunch
 from ..errors import HPCAIError
 from ..proc import run
-from .store import Build, Env, EnvStore
+from .manifest import ContainerManifest, Inside, UdockerRecord, write_atomic
+from .store import KINDS, Build, BuiltEnv, Checked, EnvStore
 
 MODES = ("P1", "P2", "R1", "R2", "R3", "F1", "F2", "F3", "F4", "S1")
 HOST = "/.hpcai/host"  # the host's Slurm client: its programs, loader and libraries, bound at their host paths below
@@ -120,46 +121,44 @@ class Settings:
 
 
 @dataclass(frozen=True)
-class Container:
-    """A container env's build, as its manifest records it."""
+class ContainerEnv(BuiltEnv):
+    """A container env's current build (or a build being imported), as its manifest records it."""
 
-    build: Build
-    name: str
-    container: str
-    source: str
-    python: str
-    binds: list[str]
-    settings: Settings
-    inside: dict[str, Any]
+    kind: ClassVar[str] = "container"
+    interrupt_mode: ClassVar[str] = "message"  # a signal would reach udocker, not the kernel inside
+    manifest: ContainerManifest
 
-    @classmethod
-    def current(cls, env: Env) -> Container:
-        """The env's current container, checked to still exist in udocker's directory."""
-        build = env.current()
-        if build is None or not build.prefix.is_dir():
-            raise HPCAIError(f"env '{env.name}' does not exist in {env.root} (it was removed, or never imported)",
-                             f"import it: hpcai env import-container SOURCE --name {env.name}")
-        found = cls.of(build)
-        udocker_dir = Path(found.settings.variables.get("UDOCKER_DIR") or Path.home() / ".udocker")
-        if not (udocker_dir / "containers" / found.container).exists():
-            raise HPCAIError(f"udocker's container {found.container} of env '{env.name}' is gone from {udocker_dir}",
-                             f"import the image again: hpcai env import-container {found.source} --name {env.name}")
-        return found
+    @property
+    def python(self) -> str:
+        return self.manifest.python
 
-    @classmethod
-    def of(cls, build: Build) -> Container:
-        m = build.manifest() or {}
-        if m.get("kind") != "container":
-            raise HPCAIError(f"build {build.prefix} is not a container env", "use it as a conda env")
-        s = m["udocker"]
-        return cls(build, m["name"], m["container"], m["source"], m["python"], m["binds"],
-                   Settings(s["udocker"], s["mode"], s["variables"]), m["inside"])
+    @property
+    def container(self) -> str:
+        return self.manifest.container
+
+    @property
+    def settings(self) -> Settings:
+        s = self.manifest.udocker
+        return Settings(s.udocker, s.mode, dict(s.variables))
+
+    @property
+    def inside(self) -> Inside:
+        return self.manifest.inside
+
+    def require_container(self) -> ContainerEnv:
+        """This env, checked to still have its container in udocker's directory."""
+        udocker_dir = Path(self.settings.variables.get("UDOCKER_DIR") or Path.home() / ".udocker")
+        if not (udocker_dir / "containers" / self.container).exists():
+            raise HPCAIError(f"udocker's container {self.container} of env '{self.name}' is gone from {udocker_dir}",
+                             f"import the image again: hpcai env import-container {self.manifest.source} "
+                             f"--name {self.name}")
+        return self
 
     def run_argv(self, extra_binds: Sequence[str] = ()) -> list[str]:
         """``udocker run`` up to the command: host env and identity, home, /tmp, Slurm client, our code."""
         import jupyter_hpcai
 
-        binds = [str(Path.home()), "/tmp", str(Path.cwd()), *self.binds, *extra_binds, *slurm_paths(),
+        binds = [str(Path.home()), "/tmp", str(Path.cwd()), *self.manifest.binds, *extra_binds, *slurm_paths(),
                  *host_client_binds(), f"{self.build.prefix / 'hostbin'}:{HOST_BIN}",
                  f"{Path(jupyter_hpcai.__file__).parent}:{LIB}/jupyter_hpcai"]
         path = [HOST_BIN, *([str(Path(self.python).parent)] if self.python.startswith("/") else []), SYSTEM_PATH]
@@ -167,14 +166,46 @@ class Container:
                 *(f"--volume={b}" for b in dict.fromkeys(binds)), f"--workdir={Path.cwd()}",
                 f"--env=PATH={':'.join(path)}", f"--env=PYTHONPATH={LIB}", self.container]
 
-    def environ(self, base: dict[str, str]) -> dict[str, str]:
+    def argv(self, cmd: Sequence[str], binds: Sequence[str] = ()) -> list[str]:
+        """``cmd`` (a python command line) run by the image's python in the container."""
+        self.require_container()
+        return [*self.run_argv(binds), self.python, *list(cmd)[1:]]
+
+    def environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment udocker runs with, which the container gets (``--hostenv``) less its secrets; inside,
-        PATH and PYTHONPATH are run_argv's."""
-        env = self.settings.environ(without_secrets(base))
-        env["HPCAI_CONTAINER"] = json.dumps({"run": self.run_argv(), "python": self.python,
-                                             "mpi": self.inside.get("mpi"), "name": self.name})
-        env["HPCAI_HOST_MPI"] = mpi.host_version() or ""
-        return env
+        PATH and PYTHONPATH are run_argv's. Ranks started from it run in the same container."""
+        env = self.settings.environ(without_secrets(dict(os.environ if base is None else base)))
+        launch = ContainerLaunch(self.name, self.run_argv(), self.python, self.inside.mpi, mpi.host_version())
+        return {**env, **launch.to_env()}
+
+    def check(self) -> Checked:
+        """Run the container again; its warnings; raise when it does not run."""
+        self.require_container()
+        inside = look_inside(self)
+        return Checked([f"container {self.container} runs (mode {self.settings.mode}, {self.python})"],
+                       warnings(inside))
+
+    def remove(self) -> None:
+        """Remove the env and everything udocker holds for it."""
+        self.dir.require_writable("remove")
+        with self.dir.exclusive():
+            for build in self.dir.builds():
+                discard(build)
+            self.dir.current_link.unlink(missing_ok=True)
+        shutil.rmtree(self.dir.dir, ignore_errors=True)
+
+    def describe(self) -> dict[str, str]:
+        packages = ", ".join(f"{k} {v}" for k, v in self.inside.packages.items()) or "none"
+        return {"kind": "container", "python": self.inside.python or "-", "packages": packages}
+
+    def encrypts(self) -> bool:
+        return False
+
+    def has_package(self, name: str) -> bool:
+        return name in self.inside.packages
+
+
+KINDS[ContainerManifest] = ContainerEnv
 
 
 def without_secrets(environ: dict[str, str], patterns: Sequence[str] | None = None) -> dict[str, str]:
@@ -225,12 +256,6 @@ def host_client_binds() -> list[str]:
     return [f"{p}:{HOST}{p}" for p in dict.fromkeys(paths) if p not in inside_a_lib]
 
 
-def is_container(env: Env) -> bool:
-    """True when the env's current build is a container."""
-    build = env.current()
-    return bool(build and (build.manifest() or {}).get("kind") == "container")
-
-
 def _tarball_kind(path: Path) -> str:
     """'load' for a ``docker save`` archive, 'import' for a root filesystem tarball."""
     try:
@@ -261,51 +286,49 @@ def _write_wrappers(folder: Path) -> None:
 
 
 def import_container(source: str, name: str, *, store: EnvStore | None = None, mode: str | None = None,
-                     python: str = "python3", binds: Sequence[str] = (), settings: Settings | None = None) -> Container:
+                     python: str = "python3", binds: Sequence[str] = (), settings: Settings | None = None) -> ContainerEnv:
     """Import ``source`` (a tarball path or a registry reference) as a new build of env ``name``."""
     settings = settings or Settings.from_environ(mode=mode)
-    env = (store or EnvStore()).env(name)
+    env_dir = (store or EnvStore()).env(name)
+    env_dir.require_writable("import into")
     for bind in binds:
         if not Path(bind.split(":", 1)[0]).exists():
             raise HPCAIError(f"--bind {bind}: {bind.split(':', 1)[0]} does not exist on this host", "bind an existing path")
-    with env.exclusive():
-        previous = env.current()
-        if previous and (previous.manifest() or {}).get("kind", "conda") != "container":
-            raise HPCAIError(f"env '{name}' is a conda env", "pick another --name, or `hpcai env remove` it first")
-        build = env.new_build()
+    with env_dir.exclusive():
+        previous = env_dir.current()
+        if previous and not isinstance(previous.manifest(), ContainerManifest | None):
+            raise HPCAIError(f"env '{name}' is a built env, not a container", "pick another --name, or `hpcai env "
+                             "remove` it first")
+        build = env_dir.new_build()
         tag = f"hpcai-{name.lower()}:{build.id}"
-        container = f"hpcai-{name.lower()}-{build.id}"
-        manifest = {"name": name, "build_id": build.id, "kind": "container", "source": source, "image": tag,
-                    "container": container, "python": python, "binds": list(binds), "udocker": asdict(settings),
-                    "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "conda": [], "pip": [], "inside": {}}
+        manifest = ContainerManifest(
+            kind="container", name=name, build_id=build.id, source=source, image=tag,
+            container=f"hpcai-{name.lower()}-{build.id}", python=python, binds=list(binds),
+            udocker=UdockerRecord(**asdict(settings)), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         try:
             build.meta.mkdir()
-            _write_manifest(build, manifest)  # first, so that a failed import can be cleaned up
-            manifest["image"] = _get_image(settings, source, tag)
-            _write_manifest(build, manifest)
-            settings.udocker_run(["create", f"--name={container}", manifest["image"]], timeout=1800)
-            setup = settings.udocker_run(["setup", f"--execmode={settings.mode}", container], check=False)
+            write_atomic(build.meta / "manifest.json", manifest)  # first, so that a failed import can be cleaned up
+            manifest.image = _get_image(settings, source, tag)
+            write_atomic(build.meta / "manifest.json", manifest)
+            settings.udocker_run(["create", f"--name={manifest.container}", manifest.image], timeout=1800)
+            setup = settings.udocker_run(["setup", f"--execmode={settings.mode}", manifest.container], check=False)
             if setup.returncode != 0:
                 raise HPCAIError(f"udocker cannot use execution mode {settings.mode}: {setup.stderr.strip()[-300:]}",
                                  "pick another with --mode (P1, P2 need proot; R1 needs runc) or set the udocker "
                                  "executables (UDOCKER_USE_PROOT_EXECUTABLE, UDOCKER_USE_RUNC_EXECUTABLE)")
             if Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists():
-                settings.udocker_run(["setup", "--nvidia", container], timeout=600)
+                settings.udocker_run(["setup", "--nvidia", manifest.container], timeout=600)
             _write_wrappers(build.prefix / "hostbin")
-            manifest["inside"] = look_inside(Container.of(build))
-            _write_manifest(build, manifest)
+            manifest.inside = look_inside(ContainerEnv(env_dir, build, manifest))
+            write_atomic(build.meta / "manifest.json", manifest)
         except BaseException:
             discard(build)
             raise
-        env.promote(build)
-        for old in env.builds():
+        env_dir.promote(build)
+        for old in env_dir.builds():
             if old.id not in (build.id, previous.id if previous else ""):
                 discard(old)
-    return Container.of(build)
-
-
-def _write_manifest(build: Build, manifest: dict[str, Any]) -> None:
-    (build.meta / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return ContainerEnv(env_dir, build, manifest)
 
 
 def _get_image(settings: Settings, source: str, tag: str) -> str:
@@ -330,9 +353,9 @@ def _get_image(settings: Settings, source: str, tag: str) -> str:
     return source
 
 
-def look_inside(c: Container) -> dict[str, Any]:
+def look_inside(c: ContainerEnv) -> Inside:
     """Run the env's python in the container and record what it has; clear errors when it cannot run."""
-    done = run([*c.run_argv(), c.python, "-c", _LOOK_INSIDE], env=c.environ(dict(os.environ)), check=False, timeout=300)
+    done = run([*c.run_argv(), c.python, "-c", _LOOK_INSIDE], env=c.environ(), check=False, timeout=300)
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("HPCAI-INSIDE ")), None)
     if line is None:
         text = f"{done.stderr}\n{done.stdout}"
@@ -343,40 +366,30 @@ def look_inside(c: Container) -> dict[str, Any]:
                              "install python3 in the image, or pass --python with the interpreter's path inside")
         raise HPCAIError(f"the container of env '{c.name}' does not run in mode {c.settings.mode}: {detail}",
                          "try another --mode (P1, P2, R1), or check udocker's executables (UDOCKER_USE_*_EXECUTABLE)")
-    return json.loads(line.removeprefix("HPCAI-INSIDE "))
+    return Inside.model_validate_json(line.removeprefix("HPCAI-INSIDE "))
 
 
-def check(c: Container) -> list[str]:
-    """Run the container again; return its warnings; raise when it does not run."""
-    return warnings(look_inside(c))
-
-
-def warnings(inside: dict[str, Any]) -> list[str]:
+def warnings(inside: Inside) -> list[str]:
     """What will not work with what the image has: an MPI unlike this node's, no ipykernel or ipyparallel."""
     warnings = []
-    if mismatch := mpi.mismatch(inside.get("mpi"), mpi.host_version()):
+    if mismatch := mpi.mismatch(inside.mpi, mpi.host_version()):
         warnings.append(f"MPI: {mismatch}; MPI programs in the container may fail to start across nodes")
     for package in ("ipykernel", "ipyparallel"):
-        if package not in inside["packages"]:
+        if package not in inside.packages:
             warnings.append(f"the image has no {package}: add it to the image (pip install {package})")
     return warnings
 
 
 def discard(build: Build) -> None:
     """Remove a container build: its udocker container and imported image, then its folder."""
-    manifest = build.manifest() or {}
-    if manifest.get("kind") == "container":
-        settings = Container.of(build).settings
-        settings.udocker_run(["rm", "-f", manifest["container"]], check=False)
-        if manifest["image"] == f"hpcai-{manifest['name'].lower()}:{build.id}":  # imported here; pulls stay cached
-            settings.udocker_run(["rmi", manifest["image"]], check=False)
+    try:
+        manifest = build.manifest()
+    except HPCAIError:
+        manifest = None
+    if isinstance(manifest, ContainerManifest):
+        s = manifest.udocker
+        settings = Settings(s.udocker, s.mode, dict(s.variables))
+        settings.udocker_run(["rm", "-f", manifest.container], check=False)
+        if manifest.image == f"hpcai-{manifest.name.lower()}:{build.id}":  # imported here; pulls stay cached
+            settings.udocker_run(["rmi", manifest.image], check=False)
     shutil.rmtree(build.prefix, ignore_errors=True)
-
-
-def remove(env: Env) -> None:
-    """Remove a container env and everything udocker holds for it."""
-    with env.exclusive():
-        for build in env.builds():
-            discard(build)
-        env.current_link.unlink(missing_ok=True)
-    shutil.rmtree(env.dir, ignore_errors=True)

@@ -1,42 +1,240 @@
-"""The pip layer: installed with the prefix's own python, after the conda layer, never before it."""
+"""The pip layer: installed into the prefix after the conda layer, never before it, by uv (default) or the
+prefix's own pip; what is installed is read back with pip inspect."""
 
 from __future__ import annotations
 
 import json
+import os
 import platform
+import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ..errors import HPCAIError
 from ..proc import run, run_logged
 from . import conda
 
 
-# What pip prints when the index cannot be reached at all (no route, no DNS), as opposed to a missing package.
-UNREACHABLE = ("Failed to establish a new connection", "Temporary failure in name resolution", "Network is unreachable")
+# What pip or uv prints when the index cannot be reached at all (no route, no DNS), as opposed to a missing package.
+UNREACHABLE = ("Failed to establish a new connection", "Temporary failure in name resolution", "Network is unreachable",
+               "dns error", "tcp connect error")  # pip's, then uv's
 
 
-def install(python: Path, requirements: list[str], *, env: dict[str, str], log: Path, no_build_isolation: bool = False,
-            no_deps: bool = False, on_output: Callable[[str], None] | None = None) -> None:
-    """pip install requirement lines into the prefix that ``python`` belongs to (upgrade only if needed)."""
-    with tempfile.NamedTemporaryFile("w", suffix="-requirements.txt", dir=log.parent) as reqs:
-        reqs.write("".join(f"{line}\n" for line in requirements))
-        reqs.flush()
-        with open(log, "a") as out:
-            out.write(f"requirements: {requirements}\n")
-        cmd = [str(python), "-m", "pip", "install", "--upgrade-strategy", "only-if-needed", "--progress-bar", "off"]
+_PIP_TO_UV = {  # pip's option (config file or PIP_*) -> uv pip install's, for the ones a site sets
+    "index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
+    "constraint": "--constraint", "trusted-host": "--allow-insecure-host",
+}
+_TRUE = ("1", "true", "yes", "on")
+# The wheels `python -m venv` installs through ensurepip (its bundled ones, or a distribution's folder of them).
+_ENSUREPIP_WHEELS = """
+import ensurepip, pathlib
+folders = [pathlib.Path(d) for d in [getattr(ensurepip, "_WHEEL_PKG_DIR", None)] if d]
+folders.append(pathlib.Path(ensurepip.__file__).parent / "_bundled")
+names = getattr(ensurepip, "_PACKAGE_NAMES", ("pip",))
+for folder in folders:
+    found = [sorted(folder.glob(f"{name}-*.whl")) for name in names]
+    if all(found):
+        print(*(str(f[-1]) for f in found))
+        break
+"""
+
+
+def pip_settings(python: Path, env: Mapping[str, str]) -> dict[str, str]:
+    """The site's and user's pip configuration as ``python``'s pip sees it (config files and PIP_* variables):
+    option -> value, the environment's winning over the files'."""
+    done = run([str(python), "-m", "pip", "config", "list"], env=dict(env), check=False, timeout=60)
+    found: dict[str, tuple[int, str]] = {}
+    for line in done.stdout.splitlines():
+        key, sep, value = line.partition("=")
+        if not sep:
+            continue
+        scope, _, option = key.rpartition(".")
+        rank = 2 if scope == ":env:" else 1 if scope in ("install", "global") else 0
+        if option not in found or rank >= found[option][0]:
+            found[option] = (rank, value.strip().strip("'\""))
+    return {k: v for k, (_, v) in found.items()}
+
+
+class Installer:
+    """How the pip layer is installed into a prefix; the kinds differ by their command (INSTALLERS)."""
+
+    name: ClassVar[str]
+    unreachable_note: ClassVar[str] = ""  # how it treats an index it cannot reach, where that differs from pip
+
+    def __init__(self, python: Path, env: Mapping[str, str]) -> None:
+        self.python, self.env = python, dict(env)
+
+    def command(self, *, no_build_isolation: bool, no_deps: bool, find_links: Path | None) -> tuple[list[str], dict[str, str]]:
+        """The install command line (requirements file appended) and its environment."""
+        raise NotImplementedError
+
+    def make_venv(self, base_python: str, prefix: Path, log: Path) -> None:
+        """A new virtual environment at ``prefix`` (with pip) on ``base_python``."""
+        run_logged([base_python, "-m", "venv", prefix], log=log, timeout=300)
+
+    def check(self) -> str:
+        """What the installer's consistency check says of the prefix (broken requirements)."""
+        return run([str(self.python), "-m", "pip", "check"], env=self.env, check=False, timeout=300).stdout.strip()
+
+    def install(self, requirements: list[str], *, log: Path, no_build_isolation: bool = False, no_deps: bool = False,
+                find_links: Path | None = None, on_output: Callable[[str], None] | None = None) -> None:
+        """Install requirement lines into the prefix ``python`` belongs to (upgrading only what must be)."""
+        with tempfile.NamedTemporaryFile("w", suffix="-requirements.txt", dir=log.parent) as reqs:
+            reqs.write("".join(f"{line}\n" for line in requirements))
+            reqs.flush()
+            with open(log, "a") as out:
+                out.write(f"requirements ({self.name}): {requirements}\n")
+            cmd, env = self.command(no_build_isolation=no_build_isolation, no_deps=no_deps, find_links=find_links)
+            try:
+                run_logged([*cmd, "-r", reqs.name], log=log, timeout=3600, env=env, on_output=on_output)
+            except HPCAIError as err:
+                if any(sign in err.message for sign in UNREACHABLE):
+                    raise HPCAIError(err.message, f"{platform.node()} cannot reach the package index (compute nodes "
+                                     "often cannot): set PIP_INDEX_URL to a mirror it reaches, or PIP_FIND_LINKS to a "
+                                     "wheelhouse on a shared filesystem with PIP_NO_INDEX=1, or build on the login node "
+                                     f"(--here){self.unreachable_note}" + (f"; {err.hint}" if err.hint else "")) from None
+                raise
+
+
+class Pip(Installer):
+    """The prefix's own pip."""
+
+    name = "pip"
+
+    def command(self, *, no_build_isolation: bool, no_deps: bool, find_links: Path | None) -> tuple[list[str], dict[str, str]]:
+        cmd = [str(self.python), "-m", "pip", "install", "--upgrade-strategy", "only-if-needed", "--progress-bar", "off"]
         cmd += ["--no-build-isolation"] * no_build_isolation + ["--no-deps"] * no_deps
-        try:
-            run_logged([*cmd, "-r", reqs.name], log=log, timeout=3600, env=env, on_output=on_output)
-        except HPCAIError as err:
-            if any(sign in err.message for sign in UNREACHABLE):
-                raise HPCAIError(err.message, f"{platform.node()} cannot reach the package index (compute nodes often "
-                                 "cannot): set PIP_INDEX_URL to a mirror it reaches, or PIP_FIND_LINKS to a wheelhouse "
-                                 "on a shared filesystem with PIP_NO_INDEX=1, or build on the login node (--here)"
-                                 + (f"; {err.hint}" if err.hint else "")) from None
-            raise
+        return cmd + (["--find-links", str(find_links)] if find_links else []), self.env
+
+
+class Uv(Installer):
+    """uv (from PyPI, beside this python): files hardlinked from its cache, so a rebuild copies nothing. It reads
+    no pip configuration, so the site's (index, mirrors, wheelhouse, constraints) is handed to it."""
+
+    name = "uv"
+    unreachable_note = ("; uv stops at any index it cannot reach, where pip goes on with the others (--installer pip "
+                        "keeps pip's way)")
+
+    def command(self, *, no_build_isolation: bool, no_deps: bool, find_links: Path | None) -> tuple[list[str], dict[str, str]]:
+        from uv import find_uv_bin
+
+        settings = pip_settings(self.python, self.env)
+        cmd = [find_uv_bin(), "pip", "install", "--python", str(self.python), "--link-mode", "hardlink"]
+        for option, flag in _PIP_TO_UV.items():
+            cmd += [arg for value in settings.get(option, "").split() for arg in (flag, value)]
+        if settings.get("extra-index-url"):  # pip picks the best version from all indexes; uv only when told
+            cmd += ["--index-strategy", "unsafe-best-match"]
+        cmd += ["--no-index"] * (settings.get("no-index", "").lower() in _TRUE)
+        cmd += ["--no-build-isolation"] * no_build_isolation + ["--no-deps"] * no_deps
+        cmd += ["--find-links", str(find_links)] if find_links else []
+        return cmd, self._environ(settings)
+
+    def _environ(self, settings: dict[str, str]) -> dict[str, str]:
+        env = {**self.env, "UV_NO_PROGRESS": "1", "NO_COLOR": "1"}
+        if "cert" in settings:
+            env.setdefault("SSL_CERT_FILE", settings["cert"])
+        if "timeout" in settings or "default-timeout" in settings:
+            env.setdefault("UV_HTTP_TIMEOUT", settings.get("timeout") or settings["default-timeout"])
+        return env
+
+    def make_venv(self, base_python: str, prefix: Path, log: Path) -> None:
+        """The venv ``python -m venv`` makes, in a tenth of the time: without pip, then the very pip (and setuptools)
+        wheels its ensurepip would install, installed by uv (ensurepip runs pip to install pip: most of venv's 3 s).
+        Where the interpreter has no such wheels, its own ensurepip."""
+        from uv import find_uv_bin
+
+        run_logged([base_python, "-m", "venv", "--without-pip", prefix], log=log, timeout=300)
+        wheels = run([base_python, "-c", _ENSUREPIP_WHEELS], check=False, timeout=60).stdout.split()
+        python = prefix / "bin" / "python"
+        if wheels:
+            run_logged([find_uv_bin(), "pip", "install", "--python", python, "--link-mode", "hardlink", "--no-index",
+                        *wheels], log=log, timeout=300, env={**self.env, "UV_NO_PROGRESS": "1"})
+        else:
+            run_logged([python, "-m", "ensurepip", "--default-pip"], log=log, timeout=300)
+
+    def check(self) -> str:
+        from uv import find_uv_bin
+
+        done = run([find_uv_bin(), "pip", "check", "--python", str(self.python)], env=self.env, check=False, timeout=300)
+        return (done.stdout + done.stderr).strip()
+
+
+INSTALLERS: dict[str, type[Installer]] = {"uv": Uv, "pip": Pip}
+
+
+def compile_bytecode(python: Path, prefix: Path, previous: Path | None, log: Path) -> int:
+    """Write the .pyc files of the prefix's site-packages, as pip does at install (uv does not): without them every
+    import compiles again where they cannot be written (a site env, PYTHONDONTWRITEBYTECODE), and each kernel and
+    rank starts seconds later. A source hardlinked from the same cache file as one of ``previous`` (the build
+    before) takes that build's .pyc, linked (Python points a cached code object at the file it loads it for); the
+    rest are compiled. Returns how many were reused."""
+    before: dict[tuple[int, int], list[Path]] = {}  # a source's inode -> its .pyc files in the build before
+    for folder, sources, compiled in _python_folders(previous) if previous else ():
+        for name in sources:
+            st = os.stat(folder / name)
+            before[(st.st_dev, st.st_ino)] = [folder / "__pycache__" / c for c in compiled.get(name[:-3], [])]
+    reused, missing = 0, []
+    for folder, sources, compiled in _python_folders(prefix):
+        for name in sources:
+            if name[:-3] in compiled:
+                continue
+            st = os.stat(folder / name)
+            found = before.get((st.st_dev, st.st_ino), [])
+            if found:
+                (folder / "__pycache__").mkdir(exist_ok=True)
+            for pyc in found:
+                os.link(pyc, folder / "__pycache__" / pyc.name)
+                reused += 1
+            if not found:
+                missing.append(str(folder / name))
+    if missing:
+        with tempfile.NamedTemporaryFile("w", suffix="-sources.txt", dir=log.parent) as listing:
+            listing.write("\n".join(missing) + "\n")
+            listing.flush()
+            try:
+                run_logged([python, "-m", "compileall", "-q", "-j", "0", "-i", listing.name], log=log, timeout=1800)
+            except HPCAIError:  # sources this python cannot compile (a newer python's syntax): skipped, as pip does
+                with open(log, "a") as out:
+                    out.write("compileall: the files named above were not compiled (they still import where valid)\n")
+    return reused
+
+
+def _python_folders(prefix: Path) -> Iterator[tuple[Path, list[str], dict[str, list[str]]]]:
+    """(folder, its .py files, module name -> its .pyc files) for every folder of the prefix's site-packages."""
+    for site in prefix.glob("lib/python*/site-packages"):
+        for folder, dirs, files in os.walk(site):
+            sources = [f for f in files if f.endswith(".py")]
+            if not sources:
+                continue
+            compiled: dict[str, list[str]] = {}
+            if "__pycache__" in dirs:
+                for pyc in os.listdir(os.path.join(folder, "__pycache__")):
+                    compiled.setdefault(pyc.split(".", 1)[0], []).append(pyc)
+            yield Path(folder), sources, compiled
+
+
+def build_wheels(python: Path, requirements: list[str], *, folder: Path, env: Mapping[str, str], log: Path) -> None:
+    """Wheels of packages compiled against the prefix (no build isolation: Horovod against TensorFlow) into
+    ``folder``, the caller's cache for one set of build variables and frameworks. A pinned line with its wheel
+    there already is not built again; pip's own caches are kept in the folder too (they know only the source)."""
+    def cached(line: str) -> bool:
+        name, _, version = line.partition("==")
+        return bool(version) and any(folder.glob(f"{re.sub(r'[-_.]+', '_', name.strip()).lower()}-{version.strip()}-*.whl"))
+
+    missing = [line for line in requirements if not cached(line)]
+    if missing:
+        folder.mkdir(parents=True, exist_ok=True)
+        run_logged([python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--progress-bar", "off",
+                    "--find-links", folder, "--wheel-dir", folder, *missing], log=log, timeout=3600,
+                   env={**env, "PIP_CACHE_DIR": str(folder / ".pip-cache")})
+
+
+def installer(name: str, python: Path, env: Mapping[str, str]) -> Installer:
+    if name not in INSTALLERS:
+        raise HPCAIError(f"unknown pip-layer installer '{name}'", f"use one of: {', '.join(INSTALLERS)}")
+    return INSTALLERS[name](python, env)
 
 
 def inspect(python: Path, env: dict[str, str]) -> list[dict[str, Any]]:
@@ -54,7 +252,7 @@ def inspect(python: Path, env: dict[str, str]) -> list[dict[str, Any]]:
 
 def pip_installed(dists: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The distributions pip installed (not conda's, not the interpreter's own)."""
-    return [d for d in dists if d["installer"] == "pip" and d["name"] not in ("pip", "setuptools", "wheel")]
+    return [d for d in dists if d["installer"] in INSTALLERS and d["name"] not in ("pip", "setuptools", "wheel")]
 
 
 def lock_lines(dists: list[dict[str, Any]]) -> list[str]:
@@ -101,3 +299,33 @@ def overwritten(prefix: Path, before: dict[str, tuple[int, int]], dists: list[di
         reports.setdefault((by_pip.get(rel, "an unknown pip package"), owners[rel]), []).append(rel)
     return [f"pip package {pip_name} overwrote {len(files)} file(s) of conda package {conda_name} (e.g. {files[0]})"
             for (pip_name, conda_name), files in sorted(reports.items())]
+
+
+def editables(dists: list[dict[str, Any]]) -> dict[str, str]:
+    """Editable installs: project name -> the source folder it follows."""
+    return {d["name"]: d["url"].removeprefix("file://") for d in dists if d["editable"] and d["url"]}
+
+
+def repoint_editable(dist: dict[str, Any], source: Path) -> bool:
+    """Point an editable install at another copy of its project (another checkout) by rewriting the path in its
+    .pth files and direct_url.json, each atomically. False when no .pth names the old path (a backend that
+    installs a finder module instead): then it must be reinstalled."""
+    old = dist["url"].removeprefix("file://")
+    info = Path(dist["location"])
+    files = [line.split(",", 1)[0] for line in (info / "RECORD").read_text().splitlines()]
+    changed = False
+    for pth in (info.parent / f for f in files if f.endswith(".pth")):
+        lines = pth.read_text().splitlines()
+        if old in lines:
+            _replace(pth, "".join(f"{str(source) if ln == old else ln}\n" for ln in lines))
+            changed = True
+    if changed:
+        direct = json.loads((info / "direct_url.json").read_text())
+        _replace(info / "direct_url.json", json.dumps({**direct, "url": source.as_uri()}))
+    return changed
+
+
+def _replace(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.hpcai-tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -38,6 +38,7 @@ class VerifyCommand(_Strict):
     run: NoNewline
     expect: list[NoNewline] = []
     timeout: float = Field(default=300, gt=0, le=3600)
+    needs_gpu: bool = False  # skipped, with the reason printed, where no GPU is visible (a login node)
 
 
 class Verify(_Strict):
@@ -112,13 +113,16 @@ class Recipe(_Strict):
         later = [r for r in lines if requirement_name(r) in no_isolation]
         return [r for r in lines if r not in later], later
 
+    def editables(self) -> list[Path]:
+        """The folders of the ``-e PATH`` lines, resolved."""
+        return [Path(line[3:].strip()) for line in self.pip_requirements() if line.startswith("-e ")]
+
     def digest(self) -> str:
-        """A hash of everything that decides what a build holds: the recipe with its local paths resolved,
-        the files of ``-r`` requirement files, and the sources of local (non-editable) packages.
-        Of editable packages (``-e PATH``) only the project metadata is hashed (dependencies, entry points):
-        the env follows their code as it changes."""
-        data = {**self.model_dump(mode="json"), "pip": self.pip_requirements()}
-        h = hashlib.sha256(json.dumps(data, sort_keys=True).encode())
+        """A hash of what the recipe says a build holds, not of where it sits: the recipe as written (local paths
+        relative to its file), the files of ``-r`` requirement files, and the sources of local (non-editable)
+        packages. Of editable packages (``-e PATH``) only the project metadata is hashed (dependencies, entry
+        points): the env follows their code as it changes, so the same recipe in two checkouts is the same build."""
+        h = hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode())
         for line in self.pip_requirements():
             option, _, rest = line.partition(" ") if line.startswith(("-r ", "-e ")) else ("", "", line)
             path = Path(rest.strip())

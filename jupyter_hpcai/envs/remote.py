@@ -15,7 +15,9 @@ from pathlib import Path
 
 from .. import slurm
 from ..errors import HPCAIError
-from .store import Env
+from ..proc import run
+from .build import BuildRequest
+from .store import EnvStore
 
 
 @dataclass(frozen=True)
@@ -24,21 +26,25 @@ class BuildJob:
     log: Path
 
 
-def submit(recipe: Path, env: Env, *, partition: str, gpus: int = 0, time_limit: str = "02:00:00",
-           account: str | None = None, extra_args: tuple[str, ...] = ()) -> BuildJob:
+def submit(request: BuildRequest, store: EnvStore, partition: str) -> BuildJob:
     """Submit the build job (one node); its output goes to the env's private log folder."""
+    recipe = request.recipe()
+    env = store.env(request.name or recipe.name, site=request.site)
+    env.require_writable("build")
+    gpus = recipe.build.gpus if request.gpus is None else request.gpus
+    time_limit = request.time_limit or recipe.build.time
+    for value in (partition, time_limit, request.account or ""):
+        if any(c.isspace() for c in value):
+            raise HPCAIError(f"bad build job option {value!r}: no spaces or newlines", "e.g. --on-partition gpu")
     logs = env.dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     logs.chmod(0o700)
-    cmd = [sys.executable, "-m", "jupyter_hpcai.cli", "env", "build", str(recipe.absolute()), "--name", env.name,
-           *extra_args]
+    cmd = [sys.executable, "-m", "jupyter_hpcai.cli", "env", "build", str(request.recipe_path.absolute()), "--name",
+           env.name, *request.job_args()]
     lines = ["#!/bin/bash", f"#SBATCH --job-name=hpcai-build-{env.name}", "#SBATCH --nodes=1", "#SBATCH --ntasks=1",
              f"#SBATCH --partition={partition}", f"#SBATCH --time={time_limit}", f"#SBATCH --output={logs}/job-%j.out"]
-    lines += [f"#SBATCH --gpus={gpus}"] * bool(gpus) + [f"#SBATCH --account={account}"] * bool(account)
+    lines += [f"#SBATCH --gpus={gpus}"] * bool(gpus) + [f"#SBATCH --account={request.account}"] * bool(request.account)
     lines += ["export PYTHONUNBUFFERED=1 COLUMNS=160", f"exec {shlex.join(cmd)}", ""]
-    for value in (partition, time_limit, account or ""):
-        if any(c.isspace() for c in value):
-            raise HPCAIError(f"bad build job option {value!r}: no spaces or newlines", "e.g. --on-partition gpu")
     job = slurm.sbatch([], script="\n".join(lines))
     return BuildJob(job, logs / f"job-{job}.out")
 
@@ -49,6 +55,4 @@ def follow(job: BuildJob, on_line: Callable[[str], None]) -> int:
 
 
 def cancel(job: BuildJob) -> None:
-    from ..proc import run
-
     run(["scancel", str(job.job_id)], timeout=30)

@@ -16,6 +16,7 @@ from tornado.web import HTTPError
 from traitlets import Dict, Float, Integer, List, Set, Unicode, default
 
 from .. import slurm
+from ..envs import EnvStore, open_env
 from ..errors import HPCAIError
 from . import form, script
 from .options import Limit, OptionsError, Profile, SpawnOptions, merge_limits, validate
@@ -38,6 +39,21 @@ def _partitions(ttl: float) -> list[slurm.Partition]:
     return found
 
 
+def site_environments() -> dict[str, str]:
+    """name -> display name of every env in the site's roots that opens (its kind, python and packages)."""
+    store = EnvStore(site=None)
+    found = {}
+    for env_dir in store.list(scope="site"):
+        if env_dir.name in found:
+            continue  # an earlier site root's env of that name wins
+        try:
+            described = open_env(env_dir).describe()
+        except HPCAIError:
+            continue
+        found[env_dir.name] = f"{env_dir.name} ({described['kind']}, python {described['python']})"
+    return found
+
+
 class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     """Notebook servers as Slurm jobs on GPU nodes, configured by profiles."""
 
@@ -46,7 +62,9 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     limits = Dict(config=True, help="""Admin limits per partition, narrowing the scheduler's:
         {"gpu": {"max_nodes": 2, "max_gpus_per_node": 4, "max_walltime": "08:00:00"}}.""")
     partitions = List(Unicode(), config=True, help="Partitions offered (default: every partition Slurm reports).")
-    environments = Dict(config=True, help="Environments offered: hpcai env name -> display name.")
+    environments = Dict(config=True, help="""Environments offered: hpcai env name -> display name. Empty (the
+        default): every env in the site's roots (HPCAI_ENV_PATH, or the site config's envs.site_roots, else
+        /opt/hpcai/envs), read when the form is shown. Never a user's own root: the hub reads only admins' folders.""")
     limits_ttl = Float(60, config=True, help="Seconds the scheduler's partition limits are cached.")
     req_srun = Unicode("", config=True, help="Empty: the server runs in the batch step, on the first node only.")
     bind_ip = Unicode("", config=True, help="""Where the notebook server listens on its node. Empty (the default):
@@ -75,8 +93,11 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         """The scheduler's partition limits (cached), narrowed by the admin's."""
         return merge_limits(_partitions(self.limits_ttl), self.limits, list(self.partitions) or None)
 
+    def _environments(self) -> dict[str, str]:
+        return dict(self.environments) or site_environments()
+
     def _validate(self, raw: dict[str, Any]) -> tuple[SpawnOptions, Profile]:
-        return validate(raw, self._profiles(), self._limits(), self.environments)
+        return validate(raw, self._profiles(), self._limits(), self._environments())
 
     async def current_limits(self) -> dict[str, Limit]:
         return await asyncio.to_thread(self._limits)
@@ -84,7 +105,8 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     async def _render_form(self, spawner: Any = None) -> str:
         values, errors = self._rejected or ({}, {})
         self._rejected = None
-        return form.render(self._profiles(), await self.current_limits(), self.environments, values, errors)
+        environments = await asyncio.to_thread(self._environments)
+        return form.render(self._profiles(), await self.current_limits(), environments, values, errors)
 
     def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
         return self._checked({k: v[0] for k, v in formdata.items() if v}, remember=True)
@@ -287,6 +309,13 @@ def _refused(status: int, err: HPCAIError) -> HTTPError:
 
 def preview(config_file: Path, options: dict[str, str], user: str) -> str:
     """The batch script the hub would submit for ``user`` with ``options``, from a hub config file."""
+    spawner = offline_spawner(config_file, user)
+    spawner.user_options = spawner._checked(options)
+    return spawner.job_script()
+
+
+def offline_spawner(config_file: Path, user: str) -> HPCSlurmSpawner:
+    """The spawner a hub with this config file would make for ``user``, without a hub (for previews)."""
     from types import SimpleNamespace
 
     from jupyterhub.objects import Hub
@@ -295,7 +324,5 @@ def preview(config_file: Path, options: dict[str, str], user: str) -> str:
     config = PyFileConfigLoader(config_file.name, str(config_file.parent)).load_config()
     fake_user = SimpleNamespace(name=user, escaped_name=user, url=f"/user/{user}/", id=0, settings={},
                                 server=None, orm_user=None, spawners={}, db=None)
-    spawner = HPCSlurmSpawner(config=config, user=fake_user, hub=Hub(), orm_spawner=None, api_token="(set at spawn)",
-                              oauth_client_id="jupyterhub-user-preview", server=None)
-    spawner.user_options = spawner._checked(options)
-    return spawner.job_script()
+    return HPCSlurmSpawner(config=config, user=fake_user, hub=Hub(), orm_spawner=None, api_token="(set at spawn)",
+                           oauth_client_id="jupyterhub-user-preview")
