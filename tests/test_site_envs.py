@@ -54,7 +54,8 @@ def as_alice(site: dict[str, Path], *args: str) -> subprocess.CompletedProcess[s
     """`hpcai ARGS` as alice (not root), with the site root configured the way a site does (HPCAI_ENV_PATH)."""
     home = pwd.getpwnam(USER).pw_dir
     environ = {"HOME": home, "USER": USER, "LOGNAME": USER, "PATH": "/usr/bin:/bin", "COLUMNS": "250",
-               "HPCAI_ENV_PATH": str(site["site"]), "HPCAI_ENV_ROOT": str(site["mine"] / "envs"),
+               "HPCAI_ENV_PATH": str(site["site"]),
+               "HPCAI_ENV_ROOT": str(site["mine"] / "not" / "yet" / "envs"),  # folders made by her first build
                "HPCAI_CACHE_DIR": str(site["mine"] / "cache"), "UV_CACHE_DIR": str(site["mine"] / "uv-cache"),
                **{k: v for k, v in os.environ.items() if k.startswith("PIP_")}}
     done = subprocess.run(["setpriv", f"--reuid={USER}", f"--regid={USER}", "--init-groups", "env", "-i",
@@ -86,7 +87,7 @@ def test_a_user_uses_the_site_env_and_cannot_remove_it(site: dict[str, Path]) ->
 def test_a_users_own_env_shadows_the_site_one(site: dict[str, Path]) -> None:
     built = as_alice(site, "env", "build", str(site["recipe"]))
     assert built.returncode == 0, built.stdout + built.stderr
-    assert str(site["mine"] / "envs" / "small" / "builds") in built.stdout
+    assert str(site["mine"] / "not" / "yet" / "envs" / "small" / "builds") in built.stdout
     rows = _rows(as_alice(site, "env", "list").stdout)
     mine = [r for r in rows if r[:2] == ["small", "user"]]
     theirs = [r for r in rows if r[:2] == ["small", "site"]]
@@ -98,7 +99,7 @@ def test_a_users_own_env_shadows_the_site_one(site: dict[str, Path]) -> None:
     home = pwd.getpwnam(USER).pw_dir
     assert kernel.returncode == 0 and f"{home}/.local/share/jupyter/kernels/hpcai-small" in kernel.stdout, kernel.stdout
     removed = as_alice(site, "env", "remove", "small")  # removes hers; the site's is found again
-    assert removed.returncode == 0 and str(site["mine"] / "envs") in removed.stdout, removed.stdout
+    assert removed.returncode == 0 and str(site["mine"] / "not" / "yet" / "envs") in removed.stdout, removed.stdout
     assert any(r[:2] == ["small", "site"] and r[-1] == "" for r in _rows(as_alice(site, "env", "list").stdout))
 
 

@@ -141,8 +141,7 @@ class Builder:
         self.dir = self.store.env(self.name, site=site)
         self.locked = locked
         self.rebuild = rebuild
-        self.installer = installer or default_installer()
-        pip.installer(self.installer, Path(sys.executable), {})  # an unknown name fails before anything is made
+        self.installer = pip.known_installer(installer or default_installer())
         self.progress: Progress = progress or (lambda event: None)
         self.phase_seconds: dict[str, float] = {}
 

@@ -231,10 +231,16 @@ def build_wheels(python: Path, requirements: list[str], *, folder: Path, env: Ma
                    env={**env, "PIP_CACHE_DIR": str(folder / ".pip-cache")})
 
 
-def installer(name: str, python: Path, env: Mapping[str, str]) -> Installer:
+def known_installer(name: str) -> str:
+    """``name`` if an installer has it; else a clear error (a site config's typo) before anything is made."""
     if name not in INSTALLERS:
-        raise HPCAIError(f"unknown pip-layer installer '{name}'", f"use one of: {', '.join(INSTALLERS)}")
-    return INSTALLERS[name](python, env)
+        raise HPCAIError(f"unknown pip-layer installer '{name}'", f"use one of: {', '.join(INSTALLERS)} (--installer, "
+                         "HPCAI_PIP_INSTALLER or envs.installer in the site config)")
+    return name
+
+
+def installer(name: str, python: Path, env: Mapping[str, str]) -> Installer:
+    return INSTALLERS[known_installer(name)](python, env)
 
 
 def inspect(python: Path, env: dict[str, str]) -> list[dict[str, Any]]:

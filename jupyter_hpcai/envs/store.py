@@ -81,7 +81,9 @@ class Root:
     scope: Scope
 
     def writable(self) -> bool:
-        return os.access(self.path if self.path.exists() else self.path.parent, os.W_OK)
+        """Whether this user may make envs here (the root, or the nearest folder above it that exists)."""
+        existing = next(p for p in (self.path, *self.path.parents) if p.exists())
+        return os.access(existing, os.W_OK)
 
 
 @dataclass(frozen=True)
