@@ -87,6 +87,13 @@ def open_private(path: Path, mode: str = "w") -> IO[str]:
     return os.fdopen(fd, mode)
 
 
+def replace_text(path: Path, text: str) -> None:
+    """Replace a file's text so that a reader sees the old text or the new, never half of it."""
+    tmp = path.with_name(f".{path.name}.hpcai-tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def write_private(path: Path, text: str) -> None:
     """Write a secret (a password, a token) into a file only its owner can read."""
     with open_private(path) as out:

@@ -108,6 +108,11 @@ class Settings:
         variables = {k: v for k, v in env.items() if k.startswith("UDOCKER_")}
         return cls(str(Path(udocker).absolute()), mode, variables)
 
+    @classmethod
+    def of(cls, record: UdockerRecord) -> Settings:
+        """The settings an import recorded in its manifest."""
+        return cls(record.udocker, record.mode, dict(record.variables))
+
     @property
     def base(self) -> list[str]:
         """udocker and its global options."""
@@ -138,8 +143,7 @@ class ContainerEnv(BuiltEnv):
 
     @property
     def settings(self) -> Settings:
-        s = self.manifest.udocker
-        return Settings(s.udocker, s.mode, dict(s.variables))
+        return Settings.of(self.manifest.udocker)
 
     @property
     def inside(self) -> Inside:
@@ -387,8 +391,7 @@ def discard(build: Build) -> None:
     except HPCAIError:
         manifest = None
     if isinstance(manifest, ContainerManifest):
-        s = manifest.udocker
-        settings = Settings(s.udocker, s.mode, dict(s.variables))
+        settings = Settings.of(manifest.udocker)
         settings.udocker_run(["rm", "-f", manifest.container], check=False)
         if manifest.image == f"hpcai-{manifest.name.lower()}:{build.id}":  # imported here; pulls stay cached
             settings.udocker_run(["rmi", manifest.image], check=False)

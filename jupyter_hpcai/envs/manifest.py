@@ -8,13 +8,13 @@ jupyter-hpcai reading a newer manifest loses nothing.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ..errors import HPCAIError
+from ..paths import replace_text
 
 
 class _Record(BaseModel):
@@ -139,6 +139,4 @@ def read_json_model(path: Path, model: type[Lock]) -> Lock:
 
 def write_atomic(path: Path, model: BaseModel) -> None:
     """Write a model as JSON so that a reader sees the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(model.model_dump_json(indent=2) + "\n")
-    os.replace(tmp, path)
+    replace_text(path, model.model_dump_json(indent=2) + "\n")

@@ -3,6 +3,7 @@ prefix's own pip; what is installed is read back with pip inspect."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..errors import HPCAIError
+from ..paths import replace_text
 from ..proc import run, run_logged
 from . import conda
 
@@ -120,7 +122,7 @@ class Uv(Installer):
     def command(self, *, no_build_isolation: bool, no_deps: bool, find_links: Path | None) -> tuple[list[str], dict[str, str]]:
         from uv import find_uv_bin
 
-        settings = pip_settings(self.python, self.env)
+        settings = self.site_settings
         cmd = [find_uv_bin(), "pip", "install", "--python", str(self.python), "--link-mode", "hardlink"]
         for option, flag in _PIP_TO_UV.items():
             cmd += [arg for value in settings.get(option, "").split() for arg in (flag, value)]
@@ -130,6 +132,11 @@ class Uv(Installer):
         cmd += ["--no-build-isolation"] * no_build_isolation + ["--no-deps"] * no_deps
         cmd += ["--find-links", str(find_links)] if find_links else []
         return cmd, self._environ(settings)
+
+    @functools.cached_property
+    def site_settings(self) -> dict[str, str]:
+        """The site's pip configuration, asked once per installer (a build's installs share it)."""
+        return pip_settings(self.python, self.env)
 
     def _environ(self, settings: dict[str, str]) -> dict[str, str]:
         env = {**self.env, "UV_NO_PROGRESS": "1", "NO_COLOR": "1"}
@@ -323,15 +330,10 @@ def repoint_editable(dist: dict[str, Any], source: Path) -> bool:
     for pth in (info.parent / f for f in files if f.endswith(".pth")):
         lines = pth.read_text().splitlines()
         if old in lines:
-            _replace(pth, "".join(f"{str(source) if ln == old else ln}\n" for ln in lines))
+            replace_text(pth, "".join(f"{str(source) if ln == old else ln}\n" for ln in lines))
             changed = True
     if changed:
         direct = json.loads((info / "direct_url.json").read_text())
-        _replace(info / "direct_url.json", json.dumps({**direct, "url": source.as_uri()}))
+        replace_text(info / "direct_url.json", json.dumps({**direct, "url": source.as_uri()}))
     return changed
 
-
-def _replace(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.hpcai-tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
