@@ -389,15 +389,19 @@ def bench_resnet50(env_name: str, framework: str, partition: str | None, nodes: 
 @click.option("--nodes", default=2, show_default=True)
 @click.option("--gpus-per-node", default=2, show_default=True)
 @click.option("--time", "time_limit", default="00:30:00", show_default=True)
+@click.option("--times", default=3, show_default=True, type=click.IntRange(min=3),
+              help="Runs of each way to Horovod-ready engines (alternating).")
+@click.option("--breakdown", is_flag=True, help="Also print where the time to Horovod-ready engines goes.")
 @click.option("--results", type=click.Path(path_type=Path), default=Path("bench-results"), show_default=True)
 def bench_overhead(env_name: str, partition: str | None, nodes: int, gpus_per_node: int, time_limit: str,
-                   results: Path) -> None:
-    """Each layer's cost against its baseline: kernel start, dispatch latency, engine start."""
+                   times: int, breakdown: bool, results: Path) -> None:
+    """Each layer's cost against its baselines, in one job: kernel start, engine start (bare srun, ipyparallel's
+    MPI launcher, ours), dispatch latency (%%px)."""
     from .bench.submit import submit_overhead
 
     code = submit_overhead(EnvStore().get(env_name), results.absolute(), partition=partition, nodes=nodes,
-                           gpus_per_node=gpus_per_node, time_limit=time_limit,
-                           on_line=_say)
+                           gpus_per_node=gpus_per_node, time_limit=time_limit, on_line=_say, times=times,
+                           breakdown=breakdown)
     if code:
         raise HPCAIError(f"the overhead job failed (exit status {code})", "see its output above")
 

@@ -10,8 +10,9 @@ from typing import Any
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
 from . import engines as engines_api
+from .engines.frameworks import FRAMEWORKS
 from .engines.launch import LAUNCHERS
-from .engines.run import OUTPUT_MODES
+from .engines.output import OUTPUT_MODES
 from .errors import HPCAIError
 
 
@@ -48,7 +49,9 @@ def hpc_parser() -> _Parser:
     start.add_argument("-n", type=_positive, help="number of engines")
     start.add_argument("--nodes", type=_positive)
     start.add_argument("--gpus-per-node", type=_positive)
-    start.add_argument("--launcher", choices=LAUNCHERS)
+    start.add_argument("--launcher", choices=list(LAUNCHERS))
+    start.add_argument("--framework", choices=[*FRAMEWORKS, "auto", "none"], default="auto",
+                       help="initialised by every rank as it starts (auto: the env's, Horovod first)")
     for name in ("stop", "restart", "status", "panel"):
         sub.add_parser(name)
     return parser
@@ -82,12 +85,15 @@ class HPCMagics(Magics):  # type: ignore[misc]
 
     @line_magic
     def hpc(self, line: str) -> Any:
-        """%hpc start [-n N] [--nodes K] [--gpus-per-node G] [--launcher srun|mpirun|local] | stop | restart | status | panel"""
+        """%hpc start [-n N] [--nodes K] [--gpus-per-node G] [--launcher srun|mpirun|local] [--framework F]
+        | stop | restart | status | panel"""
         args = parse(hpc_parser(), line)
         engines = engines_api.current()
         if args.command == "start":
-            ranks = engines.start(n=args.n, nodes=args.nodes, gpus_per_node=args.gpus_per_node, launcher=args.launcher)
-            print(f"{len(ranks)} engines ready ({engines.layout.launcher}):")  # type: ignore[union-attr]
+            ranks = engines.start(n=args.n, nodes=args.nodes, gpus_per_node=args.gpus_per_node, launcher=args.launcher,
+                                  framework=None if args.framework == "none" else args.framework)
+            warm = f"; {engines.warm} initialising on every rank" if engines.warm else ""
+            print(f"{len(ranks)} engines ready ({engines.layout.launcher}){warm}:")  # type: ignore[union-attr]
             _print_ranks(ranks)
         elif args.command == "stop":
             engines.stop()
@@ -119,18 +125,19 @@ class HPCMagics(Magics):  # type: ignore[misc]
 
     def _run(self, framework: str, name: str, line: str, cell: str | None) -> Any:
         args = parse(run_parser(f"%{name}" if cell is None else f"%%{name}", script=cell is None), line)
+        first_line = 2  # a cell magic's body starts on the cell's second line
         if cell is None:
-            cell = _script_cell(args.script, args.args)
+            cell, first_line = _script_cell(args.script, args.args), 1
         engines = engines_api.current()
         if args.n is not None and (not engines.running or len(engines.ranks) != args.n):
-            engines.start(n=args.n)
+            engines.start(n=args.n, framework=framework)
         push = {}
         for var in filter(None, (n.strip() for n in args.push.split(","))):
             if var not in self.shell.user_ns:
                 raise HPCAIError(f"--push {var}: no such variable in the notebook", "define it first, or fix the name")
             push[var] = self.shell.user_ns[var]
-        values = engines_api.run_on_ranks(engines, cell, framework=framework, timeout=args.timeout,
-                                          output=args.output, push=push)
+        values = engines.run(cell, framework=framework, timeout=args.timeout, output=args.output, push=push,
+                             first_line=first_line)
         if args.var:
             self.shell.user_ns[args.var] = [values[r] for r in sorted(values)]
             return None
@@ -146,9 +153,10 @@ def _script_cell(script: str, args: list[str]) -> str:
 
 
 def _print_ranks(ranks: list[engines_api.Rank]) -> None:
+    if ranks:
+        print(f"  {'rank':>4}  {'host':<12} {'gpu':<4} {'pid':>8}  alive")
     for r in ranks:
-        state = "" if r.alive else "  DEAD"
-        print(f"  rank {r.rank:>3}  {r.host:<12} gpu {r.gpu or '-':<4} pid {r.pid}{state}")
+        print(f"  {r.rank:>4}  {r.host:<12} {r.gpu or '-':<4} {r.pid:>8}  {'yes' if r.alive else 'NO (dead)'}")
 
 
 def load(ipython: Any) -> None:

@@ -1,6 +1,8 @@
 """`ClusterPanel`: pick nodes and GPUs, start/stop/restart the engines, watch the ranks and the walltime.
 
 Controls and display only; every action is a call on the engines API, and its errors show in the panel.
+The panel follows the engines' state whoever changes it (its buttons, or `%hpc` in another cell): it
+subscribes to ``Engines`` and redraws on every change; the walltime ticks every second.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import ipywidgets as w
 
 from . import engines as engines_api
 from .engines.cluster import Engines
-from .engines.launch import LAUNCHERS
+from .engines.launch import usable
 from .errors import HPCAIError
 from .slurm import format_duration
 
@@ -20,7 +22,7 @@ from .slurm import format_duration
 class ClusterPanel(w.VBox):  # type: ignore[misc]
     """A panel over one kernel's engines (default: this kernel's, as `%hpc` uses)."""
 
-    def __init__(self, engines: Engines | None = None, refresh_seconds: float = 30) -> None:
+    def __init__(self, engines: Engines | None = None, tick_seconds: float = 1) -> None:
         self.engines = engines or engines_api.current()
         alloc = self.engines.allocation
         max_nodes = len(alloc.nodes) if alloc else 1
@@ -29,12 +31,13 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
         self.nodes = w.BoundedIntText(value=max_nodes, min=1, max=max_nodes, description="Nodes", style=style)
         self.gpus_per_node = w.BoundedIntText(value=per_node, min=1, max=per_node if alloc else 64,
                                               description="GPUs per node", style=style)
-        usable = [name for name in LAUNCHERS if (name == "local") != (alloc is not None)]
-        self.launcher = w.Dropdown(options=usable, value=usable[0], description="Launcher", style=style)
+        launchers = usable(alloc)
+        self.launcher = w.Dropdown(options=launchers, value=launchers[0], description="Launcher", style=style)
         self.start_button = w.Button(description="Start", button_style="success", icon="play")
         self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop")
         self.restart_button = w.Button(description="Restart", icon="refresh")
         self.progress = w.IntProgress(value=0, min=0, max=1, description="Engines", style=style)
+        self.state = w.HTML()
         self.ranks = w.HTML()
         self.walltime = w.HTML()
         self.message = w.HTML()
@@ -46,10 +49,11 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
             w.HTML(f"<b>HPC engines</b> &mdash; {escape(job)}"),
             w.HBox([self.nodes, self.gpus_per_node, self.launcher]),
             w.HBox([self.start_button, self.stop_button, self.restart_button]),
-            self.progress, self.ranks, self.walltime, self.message,
+            self.progress, self.state, self.ranks, self.walltime, self.message,
         ])
         self.refresh()
-        self._timer = _Repeat(refresh_seconds, self._show_walltime)
+        self._unsubscribe = self.engines.subscribe(lambda engines: self.refresh())
+        self._timer = _Repeat(tick_seconds, self._show_walltime)
         self._timer.start()
 
     def _start(self) -> None:
@@ -69,13 +73,18 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
             hint = f"<br><i>{escape(err.hint)}</i>" if err.hint else ""
             self.message.value = f'<div class="hpcai-error" style="color:#b00020">{escape(err.message)}{hint}</div>'
         finally:
-            for button in (self.start_button, self.stop_button, self.restart_button):
-                button.disabled = False
             self.refresh()
 
     def refresh(self) -> None:
-        """Redraw the rank table and the walltime."""
-        ranks = self.engines.status()
+        """Redraw from the engines' state: buttons, state, rank table, walltime."""
+        state = self.engines.state
+        busy = state in ("starting", "restarting", "stopping")
+        self.start_button.disabled = busy or state == "running"
+        self.stop_button.disabled = busy or state == "stopped"
+        self.restart_button.disabled = busy or self.engines.layout is None
+        label = {"starting": "starting&hellip;", "restarting": "restarting&hellip;", "stopping": "stopping&hellip;"}
+        self.state.value = f'<span class="hpcai-state" data-state="{state}">Engines: <b>{label.get(state, state)}</b></span>'
+        ranks = self.engines.status() if state == "running" else []
         if ranks:
             rows = "".join(f"<tr><td>{r.rank}</td><td>{escape(r.host)}</td><td>{escape(r.gpu or '-')}</td>"
                            f"<td>{'running' if r.alive else '<b>dead</b>'}</td></tr>" for r in ranks)
@@ -94,6 +103,7 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
 
     def close(self) -> None:
         self._timer.cancel()
+        self._unsubscribe()
         super().close()
 
 

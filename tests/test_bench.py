@@ -69,16 +69,24 @@ def test_resnet50_torch_backend_tiny(devcluster, torch_env, tmp_path: Path) -> N
 def test_overhead_ratios_in_one_job(devcluster, tf_env, tmp_path: Path, bench: list[str]) -> None:  # type: ignore[no-untyped-def]
     results = tmp_path / "overhead"
     done = subprocess.run([str(Path(sys.executable).parent / "hpcai"), "bench", "overhead", "--env", tf_env.name,
-                           "--nodes", "2", "--gpus-per-node", "1", "--results", str(results)],
+                           "--nodes", "2", "--gpus-per-node", "1", "--breakdown", "--results", str(results)],
                           capture_output=True, text=True, timeout=1200,
                           env={**os.environ, "HPCAI_ENV_ROOT": str(tf_env.root.path), "COLUMNS": "200"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     found = json.loads((results / "overhead.json").read_text())
-    assert found["ranks"] == 2 and all(v > 0 for v in found.values())
+    assert found["ranks"] == 2 and all(len(runs) == 3 and min(runs) > 0 for runs in found["samples"].values())
+    assert all(len(runs) == 20 for runs in found["dispatch_samples"].values())
+    phases = found["breakdown"]  # the median run's phases, in the order they ended
+    assert list(phases.values()) == sorted(phases.values()) and "controller up" in phases
+    assert list(phases)[-1] == "first %%horovod_run done (Horovod ready)"
+    assert abs(phases["first %%horovod_run done (Horovod ready)"] - found["engines_ready_s"]) < 0.5 * found["engines_ready_s"]
     table = (results / "overhead.md").read_text()
-    assert table.count("\n") == 5 and "provisioner / plain ipykernel" in table
+    assert "provisioner / plain ipykernel" in table and "ipyparallel's MPI launcher" in table
+    assert "| controller up |" in table  # --breakdown
+    bench.append("bench overhead, where the time to Horovod-ready engines goes: " + ", ".join(
+        f"{phase} {at:.2f} s" for phase, at in phases.items()))
     bench.append("bench overhead: " + " ; ".join(
-        f"{line.split('|')[1].strip()} = {line.split('|')[4].strip()}" for line in table.splitlines()[2:]))
+        f"{line.split('|')[1].strip()} = {line.split('|')[4].strip()}" for line in table.splitlines()[2:6]))
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ import pytest
 from conftest import REPO, JobKernel, kernel_in_job
 from container_image import MARKER, image_tarball
 from jupyter_helpers import wait_for_stream
-from jupyter_hpcai.engines.launch import Layout, engine_cmd
+from jupyter_hpcai.engines.launch import LAUNCHERS
 from jupyter_hpcai.envs import ContainerEnv, ContainerLaunch, EnvDir, EnvStore, open_env
 from jupyter_hpcai.envs.container import Settings, import_container
 from jupyter_hpcai.errors import HPCAIError
@@ -142,10 +142,10 @@ def test_mpi_mismatch_is_refused_naming_both_versions(deb: EnvDir) -> None:
     assert launch is not None and launch.mpi == "mpirun (Open MPI) 4.1.4"
     environ = dataclasses.replace(launch, host_mpi="mpirun (Open MPI) 5.0.3").to_env()
     with pytest.raises(HPCAIError) as err:
-        engine_cmd(Layout(4, 2, 2, "srun"), environ)
+        LAUNCHERS["srun"].program(environ)
     assert "mpirun (Open MPI) 4.1.4" in err.value.message and "5.0.3" in err.value.message
     with pytest.raises(HPCAIError, match="start with srun"):
-        engine_cmd(Layout(2, 1, 2, "mpirun"), found.environ(dict(os.environ)))
+        LAUNCHERS["mpirun"].program(found.environ(dict(os.environ)))
 
 
 # What a notebook server's environment holds that an (untrusted) image must never see, and one that it may.

@@ -5,11 +5,13 @@ Fake here: only the GPUs (character devices Slurm hands out; CUDA_VISIBLE_DEVICE
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -47,7 +49,7 @@ def test_start_pins_one_gpu_per_rank(world: JobKernel) -> None:
         gpus = [r[2] for r in ranks if r[1] == node]
         assert len(gpus) == 2 and len(set(gpus)) == 2 and all(len(g.split(",")) == 1 for g in gpus)
     status = world.run("%hpc status").stdout
-    assert re.search(r"rank\s+3\s+n2\s+gpu \d", status)
+    assert re.search(r"^\s+3\s+n2\s+\d\s+\d+\s+yes$", status, re.M), status
 
 
 def test_allreduce_on_four_ranks(world: JobKernel) -> None:
@@ -155,6 +157,75 @@ def test_killed_rank_is_reported_and_kernel_survives(world: JobKernel) -> None:
     assert cell.status == "ok" and cell.result == "4.0"
 
 
+def test_traceback_line_numbers_are_the_cells(world: JobKernel) -> None:
+    """A raise on the cell's third line (the magic's line is the first) is reported as line 3, with its source."""
+    cell = world.run("%%horovod_run\nx = 1\nraise ValueError(f'third line {x}')")
+    assert cell.status == "error"
+    block = cell.stdout.split("---- rank 0 on n1: ValueError ----")[1]
+    assert re.search(r"line 3, in <module>\n\s+raise ValueError", block), block
+    assert "line 2," not in block
+
+
+def test_status_has_the_alive_column(world: JobKernel) -> None:
+    lines = world.run("%hpc status").stdout.splitlines()
+    assert lines[0].split() == ["rank", "host", "gpu", "pid", "alive"]
+    assert [line.split()[-1] for line in lines[1:]] == ["yes"] * 4
+
+
+def test_panel_follows_magics_in_other_cells(world: JobKernel) -> None:
+    """The ClusterPanel's widgets (what JupyterLab renders) after %hpc stop / start / restart in other cells."""
+    assert world.run("from jupyter_hpcai.widgets import ClusterPanel\npanel = ClusterPanel()\n"
+                     "seen = []\npanel.engines.subscribe(lambda e: seen.append((e.state, panel.state.value)))").status == "ok"
+    shows = ("[panel.engines.state, panel.start_button.disabled, panel.stop_button.disabled, "
+             "panel.ranks.value.count('<td>running</td>'), panel.progress.value]")
+    assert eval(world.run(shows).result) == ["running", True, False, 4, 4]
+    assert world.run("%hpc stop").status == "ok"
+    assert eval(world.run(shows).result) == ["stopped", False, True, 0, 0]
+    assert "no engines running" in world.run("panel.ranks.value").result
+    assert world.run("%hpc start").status == "ok"
+    assert eval(world.run(shows).result) == ["running", True, False, 4, 4]
+    assert world.run("%hpc restart").status == "ok"
+    states = eval(world.run("[state for state, _ in seen]").result)
+    assert states[-2:] == ["restarting", "running"], states
+    assert "restarting" in eval(world.run("seen[-2][1]").result)
+    ticks = world.run("import time\nfirst = panel.walltime.value\ntime.sleep(2.5)\n(first, panel.walltime.value)")
+    first, later = eval(ticks.result)
+    assert first.startswith("Walltime left") and first != later, "the walltime ticks"
+    world.run("panel.close()")
+
+
+def test_a_controller_that_cannot_start_is_our_error(world: JobKernel, devcluster) -> None:  # type: ignore[no-untyped-def]
+    """An address this node does not have (in the dev cluster's own block; binding to it sends nothing)."""
+    unused = str(ipaddress.ip_network(devcluster.network)[250])
+    cell = world.run(f"import os\nos.environ['HPCAI_CONTROLLER_IP'] = '{unused}'\n%hpc start", timeout=120)
+    try:
+        assert cell.status == "error"
+        assert "controller could not start" in cell.error and f"listening on {unused}" in cell.error
+        assert "check HPCAI_CONTROLLER_IP" in cell.error and "RuntimeError" not in cell.error.split("\n")[0]
+    finally:
+        world.run("del os.environ['HPCAI_CONTROLLER_IP']")
+    assert world.run("%hpc start").status == "ok"
+
+
+def _start_and_allreduce(kernel: JobKernel, start: str, ready: str) -> str:
+    """Start engines with ``start`` (its output says ``ready``), then a Horovod allreduce of rank + 1 on them."""
+    cell = kernel.run(start, timeout=240)
+    assert cell.status == "ok" and ready in cell.stdout, cell.error or cell.stdout
+    cell = kernel.run("%%horovod_run\nimport tensorflow as tf\n"
+                      "print('sum', float(hvd.allreduce(tf.constant(float(rank + 1)), op=hvd.Sum)), 'of', size)")
+    assert cell.status == "ok", cell.error
+    return cell.stdout
+
+
+def test_mpirun_launcher_runs_an_allreduce(world: JobKernel) -> None:
+    """Open MPI's mpirun inside the job (it finds the allocation's nodes itself) instead of srun."""
+    out = _start_and_allreduce(world, "%hpc start --launcher mpirun", "4 engines ready (mpirun")
+    hosts = re.findall(r"^\[rank (\d) (n\d)\] sum 10\.0 of 4$", out, re.M)
+    assert sorted(int(rank) for rank, _ in hosts) == [0, 1, 2, 3], out
+    assert sorted(host for _, host in hosts) == ["n1", "n1", "n2", "n2"], out
+    assert world.run("%hpc start").status == "ok"  # srun again for the other tests
+
+
 def test_ranks_on_two_hosts_talk_on_their_node_address(world: JobKernel, devcluster) -> None:  # type: ignore[no-untyped-def]
     """The controller listens on the kernel's node address; every rank, on n1 or n2, knows its node's address
     and points Open MPI, Horovod's Gloo and NCCL at the interface that holds it."""
@@ -231,31 +302,29 @@ raw = time.perf_counter() - t
 t = time.perf_counter(); ip.run_line_magic("hpc", "start"); ip.run_cell_magic("horovod_run", "", "pass")
 ready = time.perf_counter() - t
 
-def latency(run):
-    times = []
-    for _ in range(20):
-        t = time.perf_counter(); run(); times.append(time.perf_counter() - t)
-    return statistics.median(times)
-current().client[:].activate()
-ours = latency(lambda: ip.run_cell_magic("horovod_run", "", "pass"))
-px = latency(lambda: ip.run_cell_magic("px", "--block", "pass"))
+current().view().activate()
+times = {"ours": [], "px": []}
+for _ in range(20):  # alternating
+    for name, run in (("ours", lambda: ip.run_cell_magic("horovod_run", "", "pass")),
+                      ("px", lambda: ip.run_cell_magic("px", "--block", "pass"))):
+        t = time.perf_counter(); run(); times[name].append(time.perf_counter() - t)
+ours, px = statistics.median(times["ours"]), statistics.median(times["px"])
 print(f"RESULT {magic} {plain} {ours} {px} {ready} {raw}")
 '''
     cell = world.run(code, timeout=900)
     assert cell.status == "ok", cell.error
     magic, plain, ours, px, ready, raw = map(float, cell.stdout.split("RESULT ")[1].split())
     bench.append(f"%%horovod_run throughput {magic:.1f} img/s / srun --mpi=pmix {plain:.1f} img/s = {magic / plain:.3f} "
-                 "(target >= 0.97; 4 ranks on 2 cores)")
+                 "(target >= 0.99; 4 ranks on 2 cores)")
     bench.append(f"dispatch latency of an empty cell on 4 engines: %%horovod_run {ours * 1e3:.1f} ms / %%px "
-                 f"{px * 1e3:.1f} ms = {ours / px:.2f} (target <= 1.2)")
+                 f"{px * 1e3:.1f} ms = {ours / px:.2f} (target <= 1.0; medians of 20, alternating)")
     bench.append(f"time to 4 Horovod-ready engines: %hpc start {ready:.1f} s / raw srun hvd.init() {raw:.1f} s "
-                 f"= {ready / raw:.2f}")
+                 f"= {ready / raw:.2f} (target <= 1.2; one run each, hpcai bench overhead alternates 3)")
 
 
 def test_a_real_notebook_through_nbclient(devcluster, tf_env, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """nbclient runs a notebook inside a job, with the kernel from the hpcai-env provisioner."""
     import sys
-    from pathlib import Path
 
     import nbformat
 
@@ -279,3 +348,28 @@ def test_a_real_notebook_through_nbclient(devcluster, tf_env, tmp_path) -> None:
     assert state == "COMPLETED", (tmp_path / "job.out").read_text()
     outputs = "".join(o.get("text", "") for c in nbformat.read(path, as_version=4).cells for o in c.get("outputs", []))
     assert "4 engines ready (srun)" in outputs and "[all 4 ranks] sum 4.0" in outputs and "engines stopped" in outputs
+
+
+def test_local_launcher_outside_slurm_runs_an_allreduce(tf_env, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A kernel outside any job (on this machine, as a workstation's): `--launcher local` is the default there,
+    mpirun on this machine only, and Horovod runs across its ranks."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    from jupyter_hpcai import kernelspec
+    from jupyter_hpcai.envs import open_env
+
+    kernelspec.install(open_env(tf_env), prefix=str(tmp_path))
+    ksm = KernelSpecManager(kernel_dirs=[str(tmp_path / "share" / "jupyter" / "kernels")])
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    km = KernelManager(kernel_name=kernelspec.kernel_name(tf_env), kernel_spec_manager=ksm)
+    km.start_kernel(env=environ)
+    try:
+        kernel = JobKernel(Path(km.connection_file), 0)
+        assert kernel.run("%load_ext jupyter_hpcai").status == "ok"
+        out = _start_and_allreduce(kernel, "%hpc start -n 2", "2 engines ready (local")
+        assert "[rank 0 " in out and "[rank 1 " in out and out.count("sum 3.0 of 2") == 2, out
+        assert kernel.run("%hpc stop").stdout.strip() == "engines stopped"
+        kernel.client.stop_channels()
+    finally:
+        km.shutdown_kernel(now=True)

@@ -1,8 +1,11 @@
-"""`hpcai bench overhead`: what each layer costs, against its baseline, measured in one job.
+"""`hpcai bench overhead`: what each layer costs, against its baselines, measured in one job.
 
 - kernel start-to-ready through the hpcai-env provisioner / a plain ipykernel kernelspec of the same env;
-- empty-cell dispatch on the engines, ``run_on_ranks`` (what %%horovod_run does) / ``%%px --block``;
-- time to Horovod-ready engines (start + hvd.init on every rank) / a raw ``srun ... hvd.init()``.
+- time to N Horovod-ready engines, alternating, each at least 3 times: a bare ``srun ... hvd.init()`` (the
+  floor), ipyparallel's own MPI launcher through srun plus ``hvd.init()`` on every engine (what a user would
+  pick instead of us), and ours (``%hpc start`` + the first ``%%horovod_run``), with where our time goes;
+- empty-cell dispatch on the same engines, ``Engines.run`` (what %%horovod_run does) / ``view.execute``
+  (``%%px --block``), alternating.
 The hub's spawn-to-ready against sbatch-to-RUNNING needs a hub: the spawner tests print it.
 """
 
@@ -18,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from ..allocation import Allocation
-from ..engines import Engines, plan, run_on_ranks
+from ..engines import Engines, Layout, plan
+from ..engines.cluster import controller_ip
 from ..proc import run
 
 
@@ -60,46 +64,126 @@ def kernel_start(env_name: str, env_root: str, times: int = 3) -> tuple[float, f
         return _median(lambda: start("provisioned"), times), _median(lambda: start("plain"), times)
 
 
-def engines_overhead(allocation: Allocation, n: int | None = None, times: int = 20) -> dict[str, float]:
-    layout = plan(allocation, n=n)
-    raw = _median(lambda: run(["srun", "--mpi=pmix", "--overlap", f"-n{layout.n}", f"--nodes={layout.nodes}",
-                               f"--ntasks-per-node={layout.per_node}", sys.executable, "-c",
-                               "import horovod.tensorflow as hvd; hvd.init()"], timeout=600), 1)
+def _hvd_init() -> int:
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    return int(hvd.rank())
+
+
+def bare_srun(layout: Layout) -> float:
+    """Seconds for a bare srun step whose ranks import Horovod and initialise it: the floor."""
+    start = time.perf_counter()
+    run(["srun", "--mpi=pmix", "--overlap", f"-n{layout.n}", f"--nodes={layout.nodes}",
+         f"--ntasks-per-node={layout.per_node}", sys.executable, "-c", "import horovod.tensorflow as hvd; hvd.init()"],
+        timeout=600)
+    return time.perf_counter() - start
+
+
+def ipyparallel_mpi(allocation: Allocation, layout: Layout) -> float:
+    """Seconds to N Horovod-ready engines with ipyparallel's own MPI launcher (through srun, its engines with
+    ``--mpi``), then ``hvd.init()`` on every engine."""
+    import ipyparallel as ipp
+    from traitlets.config import Config
+
+    config = Config()
+    config.MPIEngineSetLauncher.mpi_cmd = ["srun", "--mpi=pmix", "--overlap"]
+    config.MPIEngineSetLauncher.mpi_args = [f"--nodes={layout.nodes}", f"--ntasks-per-node={layout.per_node}"]
+    start = time.perf_counter()
+    cluster = ipp.Cluster(n=layout.n, engines="mpi", controller_ip=controller_ip(allocation), config=config,
+                          log_level=40, cluster_id=f"hpcai-bench-ipp-{time.monotonic_ns()}")
+    try:
+        client = cluster.start_and_connect_sync()
+        client[:].apply_sync(_hvd_init)
+        took = time.perf_counter() - start
+        client.close()
+    finally:
+        cluster.stop_cluster_sync()
+    return took
+
+
+def ours(allocation: Allocation, layout: Layout) -> tuple[float, Engines, dict[str, float]]:
+    """Seconds to N Horovod-ready engines as a user gets them (``%hpc start``, the first ``%%horovod_run``);
+    the engines, still running, and where the time went."""
     engines = Engines(allocation)
     start = time.perf_counter()
-    engines.start(n=layout.n)
+    engines.start(n=layout.n, nodes=layout.nodes, gpus_per_node=layout.per_node)
+    engines.run("pass", framework="horovod", write=lambda text: None)
+    took = time.perf_counter() - start
+    assert engines.timeline is not None
+    engines.timeline.mark("first %%horovod_run done (Horovod ready)")
+    engines.timeline.ranks_reached(engines.boot_timelines())
+    return took, engines, dict(sorted(engines.timeline.phases.items(), key=lambda item: item[1]))
+
+
+def engines_overhead(allocation: Allocation, n: int | None = None, times: int = 3,
+                     dispatches: int = 20) -> dict[str, Any]:
+    """The three ways to Horovod-ready engines, alternating, ``times`` each; then dispatch on ours, alternating
+    with %%px, ``dispatches`` each. Medians; every sample is kept."""
+    layout = plan(allocation, n=n)
+    samples: dict[str, list[float]] = {"bare_srun": [], "ipyparallel_mpi": [], "ours": []}
+    breakdowns = []
+    engines = None
+    for i in range(times):
+        samples["bare_srun"].append(bare_srun(layout))
+        samples["ipyparallel_mpi"].append(ipyparallel_mpi(allocation, layout))
+        took, engines, breakdown = ours(allocation, layout)
+        samples["ours"].append(took)
+        breakdowns.append(breakdown)
+        if i < times - 1:
+            engines.stop()
+    assert engines is not None
+    dispatch: dict[str, list[float]] = {"ours": [], "px": []}
     try:
-        run_on_ranks(engines, "pass", write=lambda text: None)  # horovod initialised on every rank
-        ready = time.perf_counter() - start
-        ours = _median(lambda: run_on_ranks(engines, "pass", write=lambda text: None), times)
         view = engines.view()
-        px = _median(lambda: view.execute("pass", block=True), times)
+        for _ in range(dispatches):
+            for name, action in (("ours", lambda: engines.run("pass", write=lambda text: None)),
+                                 ("px", lambda: view.execute("pass", block=True))):
+                start = time.perf_counter()
+                action()
+                dispatch[name].append(time.perf_counter() - start)
     finally:
         engines.stop()
-    return {"ranks": layout.n, "engines_ready_s": ready, "raw_srun_hvd_init_s": raw, "dispatch_s": ours, "px_s": px}
+    median_run = sorted(range(times), key=lambda k: samples["ours"][k])[times // 2]
+    return {"ranks": layout.n, "nodes": layout.nodes, "samples": samples, "dispatch_samples": dispatch,
+            "engines_ready_s": statistics.median(samples["ours"]),
+            "ipyparallel_mpi_s": statistics.median(samples["ipyparallel_mpi"]),
+            "raw_srun_hvd_init_s": statistics.median(samples["bare_srun"]),
+            "dispatch_s": statistics.median(dispatch["ours"]), "px_s": statistics.median(dispatch["px"]),
+            "breakdown": breakdowns[median_run]}
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Inside a job: ``python -m jupyter_hpcai.bench.overhead RESULTS ENV_NAME ENV_ROOT``."""
-    results, env_name, env_root = (argv or sys.argv[1:])[:3]
+    """Inside a job: ``python -m jupyter_hpcai.bench.overhead RESULTS ENV_NAME ENV_ROOT [TIMES]``."""
+    args = argv or sys.argv[1:]
+    results, env_name, env_root = args[:3]
+    times = int(args[3]) if len(args) > 3 else 3
     allocation = Allocation.current()
     if allocation is None:
         raise SystemExit("run this inside a Slurm job (hpcai bench overhead submits one)")
     provisioned, plain = kernel_start(env_name, env_root)
-    found = {"kernel_provisioned_s": provisioned, "kernel_plain_s": plain, **engines_overhead(allocation)}
+    found = {"kernel_provisioned_s": provisioned, "kernel_plain_s": plain, **engines_overhead(allocation, times=times)}
     Path(results).mkdir(parents=True, exist_ok=True)
     (Path(results) / "overhead.json").write_text(json.dumps(found, indent=2))
 
 
-def report(found: dict[str, Any]) -> str:
-    """The ratios as a markdown table."""
+def report(found: dict[str, Any], breakdown: bool = False) -> str:
+    """The ratios as a markdown table (medians; the samples are in overhead.json); with ``breakdown``, where
+    the time to Horovod-ready engines went, in the median run."""
+    n, times = found["ranks"], len(found["samples"]["ours"])
     rows = [("kernel start-to-ready: provisioner / plain ipykernel", found["kernel_provisioned_s"], found["kernel_plain_s"]),
-            (f"empty-cell dispatch on {found['ranks']} engines: %%horovod_run / %%px --block", found["dispatch_s"],
-             found["px_s"]),
-            (f"{found['ranks']} Horovod-ready engines: start + init / raw srun hvd.init()", found["engines_ready_s"],
-             found["raw_srun_hvd_init_s"])]
+            (f"empty-cell dispatch on {n} engines: %%horovod_run / %%px --block "
+             f"({len(found['dispatch_samples']['ours'])} alternating)", found["dispatch_s"], found["px_s"]),
+            (f"{n} Horovod-ready engines: ours (%hpc start + first %%horovod_run) / bare srun hvd.init() "
+             f"({times} alternating)", found["engines_ready_s"], found["raw_srun_hvd_init_s"]),
+            (f"{n} Horovod-ready engines: ipyparallel's MPI launcher via srun + hvd.init() / bare srun hvd.init()",
+             found["ipyparallel_mpi_s"], found["raw_srun_hvd_init_s"])]
     lines = ["| layer | ours (s) | baseline (s) | ratio |", "|---|---|---|---|"]
     lines += [f"| {name} | {ours:.3f} | {base:.3f} | {ours / base:.2f} |" for name, ours, base in rows]
+    if breakdown:
+        lines += ["", f"Where the {found['engines_ready_s']:.2f} s to Horovod-ready engines go (median run; phases "
+                  "overlap, each at the moment its last rank finished it):", "", "| phase | done at (s) |", "|---|---|"]
+        lines += [f"| {phase} | {at:.2f} |" for phase, at in found["breakdown"].items()]
     return "\n".join(lines) + "\n"
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..allocation import Allocation
-from ..engines import Engines, plan, run_on_ranks
+from ..engines import Engines, plan
 from ..errors import HPCAIError
 from ..proc import run
 from .stamp import stamp
@@ -67,9 +67,9 @@ def measure(allocation: Allocation, counts: list[int], train_args: list[str], fr
         out(f"{n} ranks, srun: {plain['images_per_sec']:.2f} img/s ({time.monotonic() - start:.0f} s)")
         engines = Engines(allocation)
         try:
-            engines.start(n=n)
+            engines.start(n=n, framework=backend)
             code = f"from {module} import main\nmain({train_args!r})"
-            magic = run_on_ranks(engines, code, framework=backend, output="rank0", write=lambda text: None)[0]
+            magic = engines.run(code, framework=backend, output="rank0", write=lambda text: None)[0]
         finally:
             engines.stop()
         out(f"{n} ranks, %%{label}: {magic['images_per_sec']:.2f} img/s")

@@ -43,15 +43,16 @@ def submit_resnet50(env: Env, results: Path, train_args: list[str], *, partition
 
 
 def submit_overhead(env: Env, results: Path, *, partition: str | None, nodes: int, gpus_per_node: int,
-                    time_limit: str, on_line: Callable[[str], None]) -> int:
+                    time_limit: str, on_line: Callable[[str], None], times: int = 3, breakdown: bool = False) -> int:
     """Run bench/overhead.py in one job; write overhead.json and overhead.md in ``results``."""
     from .overhead import report as overhead_report
 
-    code = _run_job(env, results, "jupyter_hpcai.bench.overhead", [str(results), env.name, str(env.dir.root.path)],
+    code = _run_job(env, results, "jupyter_hpcai.bench.overhead",
+                    [str(results), env.name, str(env.dir.root.path), str(times)],
                     name="overhead", partition=partition, nodes=nodes, gpus_per_node=gpus_per_node,
                     tasks_per_node=max(gpus_per_node, 1), time_limit=time_limit, on_line=on_line)
     if code == 0:
-        table = overhead_report(json.loads((results / "overhead.json").read_text()))
+        table = overhead_report(json.loads((results / "overhead.json").read_text()), breakdown=breakdown)
         (results / "overhead.md").write_text(table)
         on_line(table)
     return code

@@ -2,6 +2,6 @@
 
 from .cluster import Engines, Rank, current
 from .launch import LAUNCHERS, Layout, plan
-from .run import OUTPUT_MODES, RankFailure, run_on_ranks
+from .output import OUTPUT_MODES, RankFailure
 
-__all__ = ["LAUNCHERS", "OUTPUT_MODES", "Engines", "Layout", "Rank", "RankFailure", "current", "plan", "run_on_ranks"]
+__all__ = ["LAUNCHERS", "OUTPUT_MODES", "Engines", "Layout", "Rank", "RankFailure", "current", "plan"]

@@ -1,14 +1,8 @@
-"""Engine bootstrap: pin this rank to one GPU, set thread counts and the interface ranks talk on (its node's
-address), then run an ipyparallel engine.
-
-Every launcher (srun, mpirun, local) starts ``python -m jupyter_hpcai.engines.engine``, so the
-pinning is the same whatever started the rank.
-"""
+"""What a rank is: its rank variables (whichever launcher started it) and ``pin``, which gives it one GPU and
+its thread counts before anything else runs (boot.py calls it first)."""
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Mapping, MutableMapping
 
 RANK_VARS = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "HPCAI_RANK")
@@ -49,17 +43,3 @@ def pin(env: MutableMapping[str, str], cpu_count: int) -> None:
     for var in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
         env.setdefault(var, str(cpus))
     env.setdefault("TF_NUM_INTEROP_THREADS", "1")
-
-
-def main() -> None:
-    from .. import network
-
-    pin(os.environ, len(os.sched_getaffinity(0)))
-    network.join_node_network(os.environ)
-    from ipyparallel.engine.app import main as engine_main
-
-    sys.exit(engine_main())
-
-
-if __name__ == "__main__":
-    main()

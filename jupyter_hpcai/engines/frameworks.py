@@ -1,30 +1,56 @@
 """Framework layer: how each rank initialises a distributed framework (once per engine).
 
-A backend is a name, the distributions the preflight compares across ranks, ``params`` computed
-once on the kernel's side for the whole world (e.g. the rendezvous address), and an ``init`` that
-runs on every engine and puts its handles in the cell namespace. The magics only name a backend.
+A framework is a name, the distributions the preflight compares across ranks, the modules a rank imports
+while it starts, and an ``init`` that runs on every rank and returns the handles for the cell namespace.
+``params``, when a framework needs any, is computed once on the kernel's side for the whole world (e.g. the
+rendezvous address); a framework without it is initialised by each rank as it boots, while it registers
+(boot.py), so the first cell finds it ready. The magics only name a framework.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from importlib import import_module
+from importlib.util import find_spec
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .cluster import Engines
+from .engine import LOCAL_RANK_VARS, RANK_VARS, first_int
+from .rankside import free_port, rank_info
+
+Handles = tuple[dict[str, Any], dict[str, Any]]  # (names for the cell namespace, what to report)
+
+
+class World(Protocol):
+    """What ``params`` sees of the engines: their ranks, and a call on one rank."""
+
+    @property
+    def ranks(self) -> Sequence[Any]: ...
+
+    def call(self, rank: int, function: Callable[..., Any], *args: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
 class Framework:
     name: str
     distributions: tuple[str, ...]
-    init: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]  # (namespace, params) -> info, on a rank
-    params: Callable[[Engines], dict[str, Any]] = lambda engines: {}
+    imports: tuple[str, ...]
+    init: Callable[[dict[str, Any]], Handles]  # params -> handles, on a rank
+    params: Callable[[World], dict[str, Any]] | None = None
+
+    def boot(self) -> Handles | None:
+        """On a rank while it starts: import the framework, and initialise it when that needs no params."""
+        for module in self.imports:
+            import_module(module)
+        return self.init({}) if self.params is None else None
+
+    def installed(self) -> bool:
+        """Whether this python has the framework's packages (the ranks run the same python)."""
+        return all(find_spec(module.partition(".")[0]) is not None for module in self.imports)
 
 
-def _init_horovod(ns: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+def _init_horovod(params: dict[str, Any]) -> Handles:
     import tensorflow as tf
 
     intra = int(os.environ.get("TF_NUM_INTRAOP_THREADS", "0"))
@@ -37,32 +63,26 @@ def _init_horovod(ns: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     import horovod.tensorflow as hvd
 
     hvd.init()
-    ns.update(hvd=hvd, tf=tf, rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank())
-    return {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "gpus": len(gpus),
-            "controller": "mpi" if hvd.mpi_enabled() else "gloo"}
+    names = {"hvd": hvd, "tf": tf, "rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank()}
+    return names, {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "gpus": len(gpus),
+                   "controller": "mpi" if hvd.mpi_enabled() else "gloo"}
 
 
-def _torch_params(engines: Engines) -> dict[str, Any]:
+def _torch_params(world: World) -> dict[str, Any]:
     """Rendezvous for torch.distributed: rank 0's node address and a port free there."""
-    from . import rankside
-
-    first = engines.ranks[0]
-    port = engines.client[first.engine_id].apply_sync(rankside.free_port)  # type: ignore[index]
-    addr = first.addr
-    hosts = [r.host for r in engines.ranks]
-    return {"master_addr": addr, "master_port": port, "world_size": len(engines.ranks),
+    first = world.ranks[0]
+    port = world.call(0, free_port)
+    hosts = [r.host for r in world.ranks]
+    return {"master_addr": first.addr, "master_port": port, "world_size": len(world.ranks),
             "local_world_sizes": {h: hosts.count(h) for h in hosts},
             "backend": os.environ.get("HPCAI_TORCH_BACKEND", "")}
 
 
-def _init_torch(ns: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+def _init_torch(params: dict[str, Any]) -> Handles:
     import datetime as dt
 
     import torch
     import torch.distributed as dist
-
-    from .engine import LOCAL_RANK_VARS, RANK_VARS, first_int
-    from .rankside import rank_info
 
     me = rank_info()
     rank = first_int(os.environ, RANK_VARS, 0)
@@ -79,12 +99,19 @@ def _init_torch(ns: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
         dist.destroy_process_group()
     dist.init_process_group(backend, rank=rank, world_size=params["world_size"], timeout=dt.timedelta(seconds=120))
     device = torch.device("cuda", 0) if has_gpu else torch.device("cpu")
-    ns.update(torch=torch, dist=dist, rank=rank, world_size=params["world_size"], local_rank=env["LOCAL_RANK"],
-              device=device)
-    return {"rank": rank, "world_size": params["world_size"], "backend": backend, "device": str(device)}
+    names = {"torch": torch, "dist": dist, "rank": rank, "world_size": params["world_size"],
+             "local_rank": env["LOCAL_RANK"], "device": device}
+    return names, {"rank": rank, "world_size": params["world_size"], "backend": backend, "device": str(device)}
 
 
 FRAMEWORKS: dict[str, Framework] = {
-    "horovod": Framework("horovod", ("tensorflow", "tensorflow-cpu", "horovod", "mpi4py"), _init_horovod),
-    "torch": Framework("torch", ("torch",), _init_torch, _torch_params),
+    "horovod": Framework("horovod", ("tensorflow", "tensorflow-cpu", "horovod", "mpi4py"),
+                         ("tensorflow", "horovod.tensorflow"), _init_horovod),
+    "torch": Framework("torch", ("torch",), ("torch", "torch.distributed"), _init_torch, _torch_params),
 }
+DISTRIBUTIONS = tuple(dict.fromkeys(d for f in FRAMEWORKS.values() for d in f.distributions))
+
+
+def default_framework() -> str | None:
+    """The framework ranks initialise as they boot when the user names none: the env's (Horovod first)."""
+    return next((name for name, framework in FRAMEWORKS.items() if framework.installed()), None)

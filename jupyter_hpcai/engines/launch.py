@@ -1,13 +1,15 @@
-"""How engines are launched: the layout (ranks, nodes, ranks per node) and one launcher per way.
+"""How engines are launched: the layout (ranks, nodes, ranks per node) and one launcher class per way.
 
 - ``srun``: ``srun --mpi=pmix`` inside the job's allocation (the default inside Slurm);
 - ``mpirun``: OpenMPI's mpirun, which finds the allocation itself (the fallback);
 - ``local``: mpirun on this machine only, outside Slurm.
 
-Every way starts the same program, ``python -m jupyter_hpcai.engines.engine``, which pins the
-rank to its GPU before the ipyparallel engine starts. In a container env's kernel (``ContainerLaunch``,
-set by the provisioner) each rank is ``udocker run ... CONTAINER python -m jupyter_hpcai.engines.engine``
-in the same container, started by srun on the host of every node.
+A launcher is a class in ``LAUNCHERS``: whether it can run here (``available``) and the command that starts
+every rank (``command``), printable before anything starts. Every way starts the same program,
+``python -m jupyter_hpcai.engines.boot``, which pins the rank to its GPU before the ipyparallel engine starts.
+In a container env's kernel (``ContainerLaunch``, set by the provisioner) each rank is
+``udocker run ... CONTAINER python -m jupyter_hpcai.engines.boot`` in the same container, started by srun on
+the host of every node.
 """
 
 from __future__ import annotations
@@ -16,17 +18,17 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ipyparallel.cluster.launcher import MPIEngineSetLauncher
-from traitlets import List
+from traitlets import List, Unicode
 
 from .. import mpi, network
 from ..allocation import Allocation
 from ..container_launch import ContainerLaunch
 from ..errors import HPCAIError
 
-LAUNCHERS = ("srun", "mpirun", "local")
-ENGINE_CMD = [sys.executable, "-m", "jupyter_hpcai.engines.engine"]
+BOOT_MODULE = "jupyter_hpcai.engines.boot"
 
 
 @dataclass(frozen=True)
@@ -39,26 +41,115 @@ class Layout:
     launcher: str
 
 
+class Launcher:
+    """One way to start a set of ranks. Subclasses differ by their class variables and ``args``."""
+
+    name: ClassVar[str]
+    in_job: ClassVar[bool]  # runs inside a Slurm job (True) or outside any (False)
+    mpi_cmd: ClassVar[tuple[str, ...]]
+    containers: ClassVar[bool] = False  # can start container ranks (udocker on every node's host)
+    unavailable_hint: ClassVar[str]
+
+    @classmethod
+    def available(cls, allocation: Allocation | None) -> bool:
+        return (allocation is not None) == cls.in_job
+
+    @classmethod
+    def args(cls, layout: Layout, addresses: Mapping[str, str]) -> list[str]:
+        raise NotImplementedError
+
+    @classmethod
+    def command(cls, layout: Layout, addresses: Mapping[str, str] | None = None,
+                environ: Mapping[str, str] | None = None) -> list[str]:
+        """The whole command that starts every rank (ipyparallel appends the engine's own arguments)."""
+        return [*cls.mpi_cmd, "-n", str(layout.n), *cls.args(layout, addresses or {}), *cls.program(environ)]
+
+    @classmethod
+    def program(cls, environ: Mapping[str, str] | None = None) -> list[str]:
+        """What each rank runs: the boot module in this python, or in this kernel's container (checked first)."""
+        container = ContainerLaunch.from_env(os.environ if environ is None else environ)
+        if container is None:
+            return [sys.executable, "-m", BOOT_MODULE]
+        if not cls.containers:
+            raise HPCAIError(f"container ranks (env '{container.name}') start with srun, not {cls.name}",
+                             "leave out --launcher, inside a Slurm job")
+        if why := mpi.mismatch(container.mpi, container.host_mpi):
+            raise HPCAIError(f"the ranks' MPI would not match: {why}",
+                             "use an image with the host's MPI version (or load the module of the image's MPI on the host)")
+        return container.rank_argv(BOOT_MODULE)
+
+
+class Srun(Launcher):
+    """One ``srun --mpi=pmix`` step inside the current allocation."""
+
+    name, in_job, containers = "srun", True, True
+    mpi_cmd = ("srun", "--mpi=pmix")
+    unavailable_hint = "start the notebook through the hub's Slurm spawner, or use --launcher local"
+
+    @classmethod
+    def args(cls, layout: Layout, addresses: Mapping[str, str]) -> list[str]:
+        # --label: which rank wrote each line (report.py); --overlap: the kernel's own step keeps its CPUs
+        return [f"--nodes={layout.nodes}", f"--ntasks-per-node={layout.per_node}", "--distribution=block",
+                "--kill-on-bad-exit=1", "--overlap", "--label"]
+
+
+class _OpenMPI(Launcher):
+    mpi_cmd = ("mpirun", "--bind-to", "none")
+
+    @classmethod
+    def args(cls, layout: Layout, addresses: Mapping[str, str]) -> list[str]:
+        # block placement, as srun's: ranks 0..k-1 on the first node (mpirun ranks round-robin by node otherwise)
+        args = ["--map-by", f"ppr:{layout.per_node}:node", "--rank-by", "slot", "--oversubscribe", "--tag-output"]
+        if os.geteuid() == 0:
+            args.append("--allow-run-as-root")
+        # mpirun starts its ranks with the environment it was given, once told to pass a variable on
+        return args + [flag for var in (network.NODE_ADDRS, *RANK_SET_VARS) for flag in ("-x", var)]
+
+
+class Mpirun(_OpenMPI):
+    """OpenMPI's mpirun inside the job (it finds the allocation's nodes itself)."""
+
+    name, in_job = "mpirun", True
+    unavailable_hint = "mpirun here starts ranks on a job's nodes; outside Slurm use --launcher local"
+
+
+class Local(_OpenMPI):
+    """OpenMPI's mpirun on this machine only, outside Slurm."""
+
+    name, in_job = "local", False
+    unavailable_hint = "inside a Slurm job use --launcher srun (or mpirun)"
+
+    @classmethod
+    def args(cls, layout: Layout, addresses: Mapping[str, str]) -> list[str]:
+        return [*super().args(layout, addresses), "--host", f"localhost:{layout.n}"]
+
+
+LAUNCHERS: dict[str, type[Launcher]] = {cls.name: cls for cls in (Srun, Mpirun, Local)}
+RANK_SET_VARS = ("HPCAI_WARM", "HPCAI_CONNECTION_FILE")  # set per engine set by Engines.start (boot.py reads them)
+
+
+def usable(allocation: Allocation | None) -> list[str]:
+    """The launchers that can run here, the default first."""
+    return [name for name, cls in LAUNCHERS.items() if cls.available(allocation)]
+
+
 def plan(allocation: Allocation | None, *, n: int | None = None, nodes: int | None = None,
          gpus_per_node: int | None = None, launcher: str | None = None) -> Layout:
     """The layout for a start request, checked against the allocation (one rank per GPU by default)."""
-    launcher = launcher or ("srun" if allocation else "local")
+    launcher = launcher or usable(allocation)[0]
     if launcher not in LAUNCHERS:
         raise HPCAIError(f"unknown launcher '{launcher}'", f"use one of: {', '.join(LAUNCHERS)}")
+    if not LAUNCHERS[launcher].available(allocation):
+        where = f"inside job {allocation.job_id}" if allocation else "outside any Slurm job"
+        raise HPCAIError(f"--launcher {launcher} cannot start ranks here ({where})", LAUNCHERS[launcher].unavailable_hint)
     for label, value in (("-n", n), ("--nodes", nodes), ("--gpus-per-node", gpus_per_node)):
         if value is not None and value < 1:
             raise HPCAIError(f"{label} must be at least 1, not {value}")
     if allocation is None:
-        if launcher == "srun":
-            raise HPCAIError("srun needs a Slurm allocation, and this kernel runs outside any job",
-                             "start the notebook through the hub's Slurm spawner, or use --launcher local")
         if nodes not in (None, 1):
             raise HPCAIError("outside a Slurm job the engines run on this machine only", "leave out --nodes")
         per_node = n or gpus_per_node or 2
         return Layout(n or per_node, 1, per_node, launcher)
-    if launcher == "local":
-        raise HPCAIError("--launcher local runs outside Slurm; this kernel is inside job " + allocation.job_id,
-                         "use --launcher srun (or mpirun)")
     job_nodes = len(allocation.nodes)
     nodes = nodes or (job_nodes if n is None else min(job_nodes, n))
     if nodes > job_nodes:
@@ -77,59 +168,16 @@ def plan(allocation: Allocation | None, *, n: int | None = None, nodes: int | No
     return Layout(n, nodes, per_node, launcher)
 
 
-class _EngineSet(MPIEngineSetLauncher):  # type: ignore[misc]
-    """ipyparallel's MPI engine set, without its ``--mpi`` flag: ranks come from the launcher's variables
-    (SLURM_PROCID, OMPI_COMM_WORLD_RANK), so an env needs no mpi4py, and the framework (Horovod, or
-    torch.distributed) initialises the communication itself."""
+class RankSetLauncher(MPIEngineSetLauncher):  # type: ignore[misc]
+    """ipyparallel's engine set, started by one of our launchers' commands. Without ipyparallel's ``--mpi``
+    flag: ranks come from the launcher's variables (SLURM_PROCID, OMPI_COMM_WORLD_RANK), so an env needs no
+    mpi4py, and the framework (Horovod, or torch.distributed) initialises the communication itself."""
 
-    @property
-    def program(self) -> list[str]:
-        return list(self.engine_cmd)
+    launcher = Unicode("", config=True, help="our launcher's name (LAUNCHERS)").tag(to_dict=True)
+    command = List([], config=True, help="Launcher.command(): everything before the engine's own arguments")
 
-
-class SrunEngineSetLauncher(_EngineSet):
-    """Engines as one ``srun --mpi=pmix`` step inside the current allocation."""
-
-    mpi_cmd = List(["srun", "--mpi=pmix"], config=True)
+    def find_args(self) -> list[str]:
+        return [*self.command, *self.program_args]
 
 
-class MpirunEngineSetLauncher(_EngineSet):
-    """Engines through OpenMPI's mpirun (inside an allocation it finds the nodes itself)."""
-
-    mpi_cmd = List(["mpirun", "--bind-to", "none"], config=True)
-
-
-def engine_cmd(layout: Layout, environ: Mapping[str, str] | None = None) -> list[str]:
-    """What each rank runs: the engine in this python, or in this kernel's container (checked first)."""
-    container = ContainerLaunch.from_env(os.environ if environ is None else environ)
-    if container is None:
-        return ENGINE_CMD
-    if layout.launcher != "srun":
-        raise HPCAIError(f"container ranks (env '{container.name}') start with srun, not {layout.launcher}",
-                         "leave out --launcher, inside a Slurm job")
-    if why := mpi.mismatch(container.mpi, container.host_mpi):
-        raise HPCAIError(f"the ranks' MPI would not match: {why}",
-                         "use an image with the host's MPI version (or load the module of the image's MPI on the host)")
-    return container.rank_argv("jupyter_hpcai.engines.engine")
-
-
-def launcher_config(layout: Layout, addresses: Mapping[str, str]) -> tuple[type, dict[str, object]]:
-    """The ipyparallel engine-set launcher class and its trait values for ``layout``; ``addresses`` (node ->
-    Slurm address) reach every rank, which picks its own (network.py)."""
-    program = engine_cmd(layout)
-    environment = {network.NODE_ADDRS: network.encode_addresses(addresses)} if addresses else {}
-    if layout.launcher == "srun":
-        args = [f"--nodes={layout.nodes}", f"--ntasks-per-node={layout.per_node}", "--distribution=block",
-                "--kill-on-bad-exit=1", "--overlap", "--label"]  # --label: which rank wrote each line (report.py)
-        return SrunEngineSetLauncher, {"mpi_args": args, "engine_cmd": program, "environment": environment}
-    args = ["--map-by", f"ppr:{layout.per_node}:node", "--oversubscribe", "--tag-output"]
-    if os.geteuid() == 0:
-        args.append("--allow-run-as-root")
-    if layout.launcher == "local":
-        args += ["--host", f"localhost:{layout.n}"]
-    else:  # mpirun starts its ranks with the environment it was given, once told to pass a variable on
-        args += ["-x", network.NODE_ADDRS] if addresses else []
-    return MpirunEngineSetLauncher, {"mpi_args": args, "engine_cmd": program, "environment": environment}
-
-
-__all__ = ["LAUNCHERS", "Layout", "MpirunEngineSetLauncher", "SrunEngineSetLauncher", "launcher_config", "plan"]
+__all__ = ["LAUNCHERS", "Launcher", "Layout", "RankSetLauncher", "plan", "usable"]

@@ -25,6 +25,6 @@ def list_engine_sets(connect_timeout: float = 2.0) -> list[dict[str, Any]]:
                 controller_running = False
         launcher = next(iter(cluster.engines.values()), None)
         sets.append({"cluster_id": cluster.cluster_id, "key": key, "engines": asked, "registered": registered,
-                     "launcher": type(launcher).__name__ if launcher else None,
+                     "launcher": (getattr(launcher, "launcher", "") or type(launcher).__name__) if launcher else None,
                      "state": "running" if controller_running and registered else "stopped"})
     return sets

@@ -1,23 +1,58 @@
-"""Functions that run on the engines (the ranks). Light to import: frameworks load only when asked."""
+"""Functions that run on the engines (the ranks). Light to import: frameworks load only when asked.
+
+A rank may have started initialising its framework while it booted (boot.py); ``init_framework`` then takes
+that work's result (or its error) instead of starting again. ``timeline`` holds when each boot phase ended
+(wall clock, for the kernel's breakdown).
+"""
 
 from __future__ import annotations
 
 import os
 import socket
 import sys
+import threading
+import time
 import traceback
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
 
 from ..network import LOOPBACK
 from .engine import LOCAL_RANK_VARS, RANK_VARS, first_int
 
+if TYPE_CHECKING:
+    from .frameworks import Framework, Handles
 
-def rank_info() -> dict[str, Any]:
-    """Who this engine is: rank, local rank, host, its address (engine.py set it), GPU, pid."""
+timeline: dict[str, float] = {}
+_booting: dict[str, Future[Handles | None]] = {}
+
+
+def mark(phase: str) -> None:
+    timeline[phase] = time.time()
+
+
+def start_booting(framework: Framework) -> None:
+    """Import (and, if it needs no params, initialise) ``framework`` in a thread while the engine registers."""
+    future: Future[Handles | None] = Future()
+
+    def work() -> None:
+        try:
+            future.set_result(framework.boot())
+        except BaseException as err:  # handed to the first cell that needs the framework
+            future.set_exception(err)
+        mark("framework")
+
+    _booting[framework.name] = future
+    threading.Thread(target=work, name=f"hpcai-boot-{framework.name}", daemon=True).start()
+
+
+def rank_info(distributions: list[str] | None = None) -> dict[str, Any]:
+    """Who this engine is: rank, local rank, host, its address (boot.py set it), GPU, pid; the versions the
+    preflight compares and when its boot phases ended."""
     return {"rank": first_int(os.environ, RANK_VARS, -1), "local_rank": first_int(os.environ, LOCAL_RANK_VARS, 0),
             "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
             "addr": os.environ.get("HPCAI_NODE_ADDR", LOOPBACK), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-            "pid": os.getpid()}
+            "pid": os.getpid(), "versions": versions(distributions or []), "timeline": dict(timeline)}
 
 
 def versions(distributions: list[str]) -> dict[str, Any]:
@@ -47,26 +82,40 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def init_framework(name: str, params: dict[str, Any]) -> dict[str, Any]:
-    """Initialise a framework once per engine and put its handles in the user namespace."""
+def init_framework(framework: Framework, params: dict[str, Any]) -> dict[str, Any]:
+    """Initialise a framework once per engine (taking over what boot started) and put its handles in the
+    user namespace."""
     ns = _user_ns()
-    if ns.get("_hpcai_framework") == name:
+    if ns.get("_hpcai_framework") == framework.name:
         return {"initialised": False, **ns["_hpcai_framework_info"]}
-    from .frameworks import FRAMEWORKS
-
-    info = FRAMEWORKS[name].init(ns, params)
-    ns["_hpcai_framework"], ns["_hpcai_framework_info"] = name, info
+    booting = _booting.pop(framework.name, None)
+    handles = booting.result() if booting is not None else None
+    names, info = handles if handles is not None else framework.init(params)
+    ns.update(names)
+    ns["_hpcai_framework"], ns["_hpcai_framework_info"] = framework.name, info
     return {"initialised": True, **info}
 
 
-def run_cell(code: str) -> dict[str, Any]:
-    """Run a cell in the engine's namespace as IPython would; return its value or its error, never raise."""
+def run_cell(code: str, first_line: int = 1, push: dict[str, Any] | None = None,
+             setup: Callable[[], Any] | None = None) -> dict[str, Any]:
+    """Run a cell in the engine's namespace as IPython would; return its value or its error, never raise.
+
+    ``first_line``: the line number the cell's first line has as the user sees it (a cell magic's body starts
+    on line 2), so that tracebacks point where the user looks. ``push``: names to set first. ``setup``: run
+    first (a framework's init on the first cell), its error reported like the cell's.
+    """
     from IPython import get_ipython
 
     shell = get_ipython()
-    result = shell.run_cell(code, store_history=False, silent=False)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    try:
+        if setup is not None:
+            setup()
+        if push:
+            shell.user_ns.update(push)
+    except BaseException as error:
+        return {**_failure(error, error.__traceback__), "setup": True}
+    # comment lines, not blank ones, move the cell down: IPython drops a cell's leading blank lines
+    result = shell.run_cell("#\n" * (first_line - 1) + code, store_history=False, silent=False)  # the engine flushes
     error = result.error_in_exec or result.error_before_exec
     if isinstance(error, SystemExit) and error.code in (0, None):  # a script's sys.exit(0)
         error = None
@@ -75,6 +124,10 @@ def run_cell(code: str) -> dict[str, Any]:
     tb = error.__traceback__
     while tb is not None and "IPython" in tb.tb_frame.f_code.co_filename:  # start at the cell's own frames
         tb = tb.tb_next
+    return _failure(error, tb)
+
+
+def _failure(error: BaseException, tb: Any) -> dict[str, Any]:
     return {"ok": False, "ename": type(error).__name__, "evalue": str(error),
             "traceback": "".join(traceback.format_exception(type(error), error, tb))}
 

@@ -1,0 +1,63 @@
+"""What every rank runs (``python -m jupyter_hpcai.engines.boot``, whichever launcher started it).
+
+In order: pin the rank to one GPU and its thread counts (engine.pin), point the transports at its node's
+interface (network.py), start initialising the framework the kernel named (``HPCAI_WARM``) in a thread,
+then run the ipyparallel engine: importing it, waiting for the controller's connection file (the kernel
+starts the controller and the ranks side by side) and registering overlap the framework's import and init.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from .. import network
+from . import rankside
+from .engine import pin
+from .frameworks import FRAMEWORKS
+
+
+def started_at() -> float:
+    """When this process was created (wall clock, from its age in /proc): the end of the launcher's part."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+def wait_for_connection_file(path: Path, timeout: float) -> None:
+    """Until the controller has written its engine connection file whole (it writes it in place)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if "key" in json.loads(path.read_text()):
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise SystemExit(f"hpcai: the controller's connection file {path} did not appear within {timeout:g} s")
+
+
+def main() -> None:
+    rankside.timeline["process"] = started_at()
+    rankside.mark("python")
+    pin(os.environ, len(os.sched_getaffinity(0)))
+    network.join_node_network(os.environ)
+    if warm := os.environ.get("HPCAI_WARM"):
+        rankside.start_booting(FRAMEWORKS[warm])
+    from ipyparallel.engine.app import main as engine_main
+
+    rankside.mark("imported")
+    if connection := os.environ.get("HPCAI_CONNECTION_FILE"):
+        wait_for_connection_file(Path(connection), float(os.environ.get("HPCAI_CONTROLLER_TIMEOUT", "60")))
+    rankside.mark("controller")
+    sys.exit(engine_main())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""What a cell run on the ranks shows the user: each rank's output as prefixed lines (three modes), and the
+error that carries every rank's outcome. ``Engines.run`` (cluster.py) runs the cell."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import HPCAIError
+
+OUTPUT_MODES = ("all", "rank0", "collapse")
+Write = Callable[[str], None]
+
+
+class RankFailure(HPCAIError):
+    """Some ranks failed; ``outcomes`` holds what each rank returned."""
+
+    def __init__(self, message: str, hint: str, outcomes: dict[int, dict[str, Any]] | None = None) -> None:
+        super().__init__(message, hint)
+        self.outcomes = outcomes or {}
+
+
+@dataclass
+class Streamer:
+    """Turns each rank's growing stdout/stderr into prefixed lines, in one of three modes."""
+
+    ranks: list[Any]  # cluster.Rank: host by rank
+    mode: str
+    write: Write
+    _seen: dict[int, int] = field(default_factory=dict)
+    _partial: dict[int, str] = field(default_factory=dict)
+    _pending: dict[int, list[str]] = field(default_factory=dict)
+
+    def prefix(self, rank: int) -> str:
+        return f"[rank {rank} {self.ranks[rank].host}] "
+
+    def feed(self, texts: dict[int, str], final: bool = False) -> None:
+        for rank, text in texts.items():
+            new = self._partial.get(rank, "") + text[self._seen.get(rank, 0):]
+            self._seen[rank] = len(text)
+            *lines, rest = new.split("\n")
+            if final and rest:
+                lines, rest = [*lines, rest], ""
+            self._partial[rank] = rest
+            self._pending.setdefault(rank, []).extend(lines)
+        self._emit(final)
+
+    def _emit(self, final: bool) -> None:
+        out: list[str] = []
+        if self.mode == "collapse":
+            everyone = [self._pending.setdefault(r.rank, []) for r in self.ranks]
+            while all(everyone):  # every rank has a next line: fold it when all agree
+                heads = [lines.pop(0) for lines in everyone]
+                if len(set(heads)) == 1:
+                    out.append(f"[all {len(heads)} ranks] {heads[0]}")
+                else:
+                    out += [self.prefix(r.rank) + h for r, h in zip(self.ranks, heads)]
+        if self.mode != "collapse" or final:  # collapse holds lines back until the other ranks catch up
+            for rank in sorted(self._pending):
+                if self.mode != "rank0" or rank == 0:
+                    out += [self.prefix(rank) + line for line in self._pending[rank]]
+                self._pending[rank] = []
+        if out:
+            self.write("".join(line + "\n" for line in out))
