@@ -54,6 +54,8 @@ def hpc_parser() -> _Parser:
                        help="initialised by every rank as it starts (auto: the env's, Horovod first)")
     for name in ("stop", "restart", "status", "panel"):
         sub.add_parser(name)
+    stacks = sub.add_parser("stacks", help="every rank's Python stack, identical ones grouped (py-spy)")
+    stacks.add_argument("--native", action="store_true", help="with the C frames")
     return parser
 
 
@@ -86,7 +88,7 @@ class HPCMagics(Magics):  # type: ignore[misc]
     @line_magic
     def hpc(self, line: str) -> Any:
         """%hpc start [-n N] [--nodes K] [--gpus-per-node G] [--launcher srun|mpirun|local] [--framework F]
-        | stop | restart | status | panel"""
+        | stop | restart | status | stacks [--native] | panel"""
         args = parse(hpc_parser(), line)
         engines = engines_api.current()
         if args.command == "start":
@@ -105,6 +107,10 @@ class HPCMagics(Magics):  # type: ignore[misc]
             if not ranks:
                 print("no engines running; start them with %hpc start")
             _print_ranks(ranks)
+        elif args.command == "stacks":
+            from .engines.stacks import render
+
+            print(render(engines.stacks(native=args.native)))
         elif args.command == "panel":
             from .widgets import ClusterPanel
 

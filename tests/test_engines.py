@@ -147,6 +147,20 @@ def test_timeout_names_the_stuck_ranks_then_restart(world: JobKernel) -> None:
     assert cell.status == "ok" and cell.result == "4"
 
 
+def test_a_hang_shows_every_ranks_stack_grouped(world: JobKernel) -> None:
+    """One rank sleeps before an allreduce the other three entered: after the timeout, the ranks' stacks (py-spy,
+    read while three are blocked inside Horovod's C++ collective) show the three together and the sleeper apart,
+    at the cell's own line numbers. Then %hpc stacks on idle engines."""
+    cell = world.run("%%horovod_run --timeout 15\nimport time, tensorflow as tf\nif rank == 2:\n    time.sleep(600)\n"
+                     "hvd.allreduce(tf.constant(1.0))", timeout=180)
+    assert cell.status == "error"
+    assert re.search(r"ranks 0,1,3 \(3 of 4\): in \w+, from cell line 5\n", cell.error), cell.error
+    assert "rank 2 (1 of 4): at cell line 4" in cell.error, cell.error
+    assert world.run("%hpc restart").status == "ok"
+    idle = world.run("%hpc stacks")
+    assert idle.status == "ok" and idle.stdout.startswith("ranks 0,1,2,3 (4 of 4): idle (no cell running)"), idle.stdout
+
+
 def test_killed_rank_is_reported_and_kernel_survives(world: JobKernel) -> None:
     cell = world.run("%%horovod_run\nimport os, time\nif rank == 2:\n    os.kill(os.getpid(), 9)\ntime.sleep(60)", timeout=120)
     assert cell.status == "error"

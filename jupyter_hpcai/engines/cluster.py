@@ -24,10 +24,12 @@ import ipyparallel as ipp
 from traitlets.config import Config
 
 from .. import network, slurm
+from ..container_launch import ContainerLaunch
 from ..allocation import Allocation
 from ..errors import HPCAIError
-from ..proc import wait_until
+from ..proc import run, wait_until
 from . import rankside
+from . import stacks as rank_stacks
 from .frameworks import DISTRIBUTIONS, FRAMEWORKS, default_framework
 from .launch import LAUNCHERS, Layout, RankSetLauncher, plan
 from .report import launcher_said
@@ -292,6 +294,20 @@ class Engines:
         """Each rank's boot phases as they are now (one round trip; the breakdown asks after the first cell)."""
         return [i["timeline"] for i in self.view().apply_sync(rankside.rank_info)]
 
+    def stacks(self, native: bool = False, timeout: float = 60) -> list[rank_stacks.StackGroup]:
+        """Every rank's Python stack (py-spy, from outside, so it works while ranks are blocked in C), identical
+        ones grouped; ``native`` adds the C frames."""
+        if not self.ranks or self.layout is None:
+            raise HPCAIError("no engines are running", "start them: %hpc start")
+        if ContainerLaunch.from_env(os.environ) is not None:
+            raise HPCAIError("the ranks run in a container, where the host's py-spy cannot follow them",
+                             "use an env that is a built prefix to read the ranks' stacks")
+        hosts = sorted({r.host for r in self.ranks})
+        argv = [*LAUNCHERS[self.layout.launcher].on_nodes(hosts), sys.executable, "-m", rank_stacks.__name__,
+                ",".join(f"{r.host}={r.pid}" for r in self.ranks), *(["--native"] * native)]
+        found = rank_stacks.parse(run(argv, timeout=timeout, check=False).stdout)
+        return rank_stacks.group({r.rank: found.get(r.pid, f"no answer from {r.host}") for r in self.ranks})
+
     # --- frameworks ---------------------------------------------------------------------------------------
     def preflight(self, framework: str) -> dict[int, dict[str, Any]]:
         """Check that every rank sees the same python and framework versions (gathered with the rank table);
@@ -315,10 +331,6 @@ class Engines:
         framework = FRAMEWORKS[name]
         params = framework.params(self) if framework.params else {}
         return partial(rankside.init_framework, framework, params)
-
-    def init_framework(self, name: str) -> None:
-        """Initialise ``name`` on every rank now (a cell does it on its own when it needs it)."""
-        self.run("pass", framework=name, write=lambda text: None)
 
     # --- running cells ------------------------------------------------------------------------------------
     def run(self, code: str, *, framework: str | None = "horovod", timeout: float | None = None,
@@ -346,8 +358,11 @@ class Engines:
             self._watch(whole, streamer, timeout)
         except KeyboardInterrupt:
             client.send_signal(signal.SIGINT, targets=ids, block=False)
-            whole.wait(10)
+            freed = whole.wait(10)
             streamer.feed(self._texts(whole), final=True)
+            if not freed:  # blocked in C (a collective), where SIGINT waits
+                write(f"some ranks are still busy after the interrupt; where each rank is:\n{self._where_stuck()}\n"
+                      "%hpc restart frees them\n")
             raise
         whole.wait_for_output(10)  # a result can arrive before the last of its rank's output does
         streamer.feed(self._texts(whole), final=True)
@@ -366,6 +381,13 @@ class Engines:
             raise RankFailure(f"{len(failed)} of {len(outcomes)} ranks failed: {summary}",
                               "the tracebacks above show each failing rank; the engines are still running", outcomes)
         return {rank: o["value"] for rank, o in outcomes.items()}
+
+    def _where_stuck(self) -> str:
+        """The ranks' grouped stacks for an error message, or why there are none."""
+        try:
+            return rank_stacks.render(self.stacks())
+        except HPCAIError as err:
+            return f"(no stacks: {err.message})"
 
     @staticmethod
     def _texts(whole: Any) -> dict[int, str]:
@@ -395,10 +417,12 @@ class Engines:
                 stuck = [rank for rank, msg_id in enumerate(whole.msg_ids) if msg_id in outstanding]
                 streamer.feed(self._texts(whole), final=True)
                 hosts = ", ".join(f"rank {r} on {self.ranks[r].host}" for r in stuck)
+                where = self._where_stuck()
                 self.stop()
                 raise RankFailure(f"timed out after {timeout:g} s; still running: {hosts} "
                                   "(stuck, e.g. waiting in a collective for a rank that never joined). "
-                                  "The engines were stopped", "bring the world back with %hpc restart")
+                                  f"Where each rank was:\n{where}\nThe engines were stopped",
+                                  "bring the world back with %hpc restart")
 
 
 def _exited(launcher: Any) -> bool:

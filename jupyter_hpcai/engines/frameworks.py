@@ -17,9 +17,7 @@ from importlib.util import find_spec
 from typing import Any, Protocol
 
 from .engine import LOCAL_RANK_VARS, RANK_VARS, first_int
-from .rankside import free_port, rank_info
-
-Handles = tuple[dict[str, Any], dict[str, Any]]  # (names for the cell namespace, what to report)
+from .rankside import Handles, free_port, rank_info
 
 
 class World(Protocol):

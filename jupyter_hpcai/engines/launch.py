@@ -65,6 +65,13 @@ class Launcher:
         return [*cls.mpi_cmd, "-n", str(layout.n), *cls.args(layout, addresses or {}), *cls.program(environ)]
 
     @classmethod
+    def on_nodes(cls, hosts: list[str]) -> list[str]:
+        """What runs one process on each of ``hosts`` (the ranks' nodes), before its command: inside a job, a
+        srun step beside the ranks'."""
+        return ["srun", "--overlap", f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}", "--ntasks-per-node=1",
+                f"--nodelist={','.join(hosts)}"]
+
+    @classmethod
     def program(cls, environ: Mapping[str, str] | None = None) -> list[str]:
         """What each rank runs: the boot module in this python, or in this kernel's container (checked first)."""
         container = ContainerLaunch.from_env(os.environ if environ is None else environ)
@@ -122,6 +129,10 @@ class Local(_OpenMPI):
     @classmethod
     def args(cls, layout: Layout, addresses: Mapping[str, str]) -> list[str]:
         return [*super().args(layout, addresses), "--host", f"localhost:{layout.n}"]
+
+    @classmethod
+    def on_nodes(cls, hosts: list[str]) -> list[str]:
+        return []  # this machine
 
 
 LAUNCHERS: dict[str, type[Launcher]] = {cls.name: cls for cls in (Srun, Mpirun, Local)}

@@ -15,13 +15,23 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..network import LOOPBACK
 from .engine import LOCAL_RANK_VARS, RANK_VARS, first_int
 
-if TYPE_CHECKING:
-    from .frameworks import Framework, Handles
+Handles = tuple[dict[str, Any], dict[str, Any]]  # (names for the cell namespace, what to report)
+
+
+class Framework(Protocol):
+    """What the ranks need of a framework (frameworks.Framework; the kernel sends it with the call)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def boot(self) -> Handles | None: ...
+
+    def init(self, params: dict[str, Any]) -> Handles: ...
 
 timeline: dict[str, float] = {}
 _booting: dict[str, Future[Handles | None]] = {}
@@ -37,10 +47,13 @@ def start_booting(framework: Framework) -> None:
 
     def work() -> None:
         try:
-            future.set_result(framework.boot())
+            handles = framework.boot()
         except BaseException as err:  # handed to the first cell that needs the framework
+            mark("framework")
             future.set_exception(err)
+            return
         mark("framework")
+        future.set_result(handles)
 
     _booting[framework.name] = future
     threading.Thread(target=work, name=f"hpcai-boot-{framework.name}", daemon=True).start()

@@ -1,0 +1,163 @@
+"""Every rank's Python stack, grouped: where a hung collective waits, and which rank is elsewhere.
+
+py-spy reads a process's stack from outside (ptrace), so this works while a rank is blocked inside C (an MPI,
+Gloo or NCCL collective) and its engine cannot answer a request. The kernel runs this module once on every
+node of the ranks (``python -m jupyter_hpcai.engines.stacks PID,...``, through the launcher's way onto the
+nodes); each copy dumps the ranks that run on its node and prints them as JSON. Identical stacks are shown
+once, with the ranks that share them, cut at the notebook cell and numbered as the cell shows its lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CELL_FILE = re.compile(r"ipykernel_\d+/\d+\.py$")  # where IPython compiles a cell (ipykernel's compiler)
+PTRACE_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
+
+
+@dataclass(frozen=True)
+class Frame:
+    name: str
+    file: str
+    line: int
+
+    @property
+    def in_cell(self) -> bool:
+        return bool(CELL_FILE.search(self.file))
+
+    @property
+    def place(self) -> tuple[str, str, int]:
+        """Where it stands, the same on every rank (each rank's kernel names its cell files after its pid)."""
+        return self.name, "<cell>" if self.in_cell else self.file, self.line
+
+    def render(self) -> str:
+        if self.in_cell:
+            return f"{self.name} (cell line {self.line})"
+        return f"{self.name} ({self.file.rsplit('site-packages/', 1)[-1]}:{self.line})"
+
+
+@dataclass(frozen=True)
+class StackGroup:
+    """Ranks whose main threads stand at the same place (innermost frame first), or share one error."""
+
+    ranks: tuple[int, ...]
+    frames: tuple[Frame, ...]
+    error: str = ""
+
+    def headline(self, world: int) -> str:
+        who = f"rank{'s' * (len(self.ranks) > 1)} {','.join(map(str, self.ranks))} ({len(self.ranks)} of {world})"
+        if self.error:
+            return f"{who}: no stack: {self.error}"
+        cell = next((f for f in reversed(self.frames) if f.in_cell), None)  # the cell's own line, outermost
+        if cell is None:
+            return f"{who}: idle (no cell running)" if self.frames else f"{who}: no Python frames"
+        inner = self.frames[0]
+        return f"{who}: at cell line {cell.line}" if inner is cell else f"{who}: in {inner.name}, from cell line {cell.line}"
+
+    def render(self, world: int) -> str:
+        return "\n".join([self.headline(world), *(f"    {f.render()}" for f in self.frames)])
+
+
+def main_thread(dump: list[dict[str, Any]], pid: int) -> tuple[Frame, ...]:
+    """The frames of the thread that runs the cells (the process's main thread), cut at the outermost cell
+    frame: what is below it (the engine's own machinery) is the same on every rank. A rank running no cell
+    keeps its innermost three frames."""
+    thread = next((t for t in dump if t.get("os_thread_id") == pid or t.get("thread_name") == "MainThread"), None)
+    if thread is None:
+        return ()
+    frames = tuple(Frame(f["name"], f["filename"], int(f["line"])) for f in thread["frames"])
+    cells = [i for i, f in enumerate(frames) if f.in_cell]
+    return frames[:cells[-1] + 1] if cells else frames[:3]
+
+
+def group(stacks: dict[int, tuple[Frame, ...] | str]) -> list[StackGroup]:
+    """Ranks with identical stacks (or the same error) together; the largest group first."""
+    found: dict[tuple[tuple[tuple[str, str, int], ...], str], tuple[tuple[Frame, ...], list[int]]] = {}
+    for rank, stack in sorted(stacks.items()):
+        frames = () if isinstance(stack, str) else stack
+        key = (tuple(f.place for f in frames), stack if isinstance(stack, str) else "")
+        found.setdefault(key, (frames, []))[1].append(rank)
+    groups = [StackGroup(tuple(ranks), frames, error) for (_, error), (frames, ranks) in found.items()]
+    return sorted(groups, key=lambda g: (-len(g.ranks), g.ranks))
+
+
+def render(groups: list[StackGroup]) -> str:
+    world = sum(len(g.ranks) for g in groups)
+    return "\n".join(g.render(world) for g in groups)
+
+
+def _py_spy() -> str | None:
+    beside = Path(sys.executable).parent / "py-spy"  # the env's, installed with jupyter-hpcai
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def _ptrace_hint() -> str:
+    try:
+        scope = int(PTRACE_SCOPE.read_text())
+    except (OSError, ValueError):
+        return "the ranks may run under another tracer (udocker's P1 mode); use a container mode F or R"
+    if scope == 0:
+        return "the ranks may run under another tracer (udocker's P1 mode); use a container mode F or R"
+    return (f"kernel.yama.ptrace_scope is {scope} on this node: ask the admins for 0 (sysctl kernel.yama.ptrace_scope=0),"
+            " or for CAP_SYS_PTRACE on py-spy")
+
+
+def dump(pid: int, native: bool = False, timeout: float = 30) -> tuple[Frame, ...] | str:
+    """One process's main-thread stack, or why it could not be read."""
+    py_spy = _py_spy()
+    if py_spy is None:
+        return "py-spy is not installed in this env (it comes with jupyter-hpcai: pip install py-spy)"
+    try:
+        done = subprocess.run([py_spy, "dump", "--json", "--pid", str(pid), *(["--native"] * native)],
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"py-spy took more than {timeout:g} s"
+    if done.returncode != 0:  # its error and causes, without the Rust backtrace that RUST_BACKTRACE adds
+        said = (done.stderr or done.stdout).split("Stack backtrace:")[0]
+        reason = "; ".join(line.strip() for line in said.splitlines() if line.strip()) or f"py-spy exited with {done.returncode}"
+        if re.search(r"permission denied|operation not permitted|ptrace", done.stderr, re.I):
+            reason += f"; {_ptrace_hint()}"
+        return reason
+    return main_thread(json.loads(done.stdout), pid)
+
+
+def this_host() -> str:
+    """This node's name as the ranks report theirs (rankside.rank_info)."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """On a node: ``python -m jupyter_hpcai.engines.stacks HOST=PID,HOST=PID,... [--native]``: the stacks of the
+    processes of this host, as one JSON line {pid: frames or error}. By host, not by what /proc shows: the nodes
+    of a machine may share one pid namespace, and two py-spy cannot stop one process at once."""
+    args = argv if argv is not None else sys.argv[1:]
+    native = "--native" in args
+    pairs = [item.rpartition("=") for item in args[0].split(",") if item] if args else []
+    found = {}
+    for pid in (int(pid) for host, _, pid in pairs if host == this_host()):
+        stack = dump(pid, native)
+        found[pid] = stack if isinstance(stack, str) else [[f.name, f.file, f.line] for f in stack]
+    print(json.dumps(found), flush=True)
+
+
+def parse(output: str) -> dict[int, tuple[Frame, ...] | str]:
+    """The JSON lines every node printed, merged (pid -> frames or error)."""
+    merged: dict[int, tuple[Frame, ...] | str] = {}
+    for line in output.splitlines():
+        if line.startswith("{"):
+            for pid, stack in json.loads(line).items():
+                merged[int(pid)] = stack if isinstance(stack, str) else tuple(Frame(*f) for f in stack)
+    return merged
+
+
+if __name__ == "__main__":
+    main()
