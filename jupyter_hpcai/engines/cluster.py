@@ -355,7 +355,7 @@ class Engines:
         whole = client[ids].apply_async(rankside.run_cell, code, first_line, push, setup)  # one request, rank order
         streamer = Streamer(self.ranks, output, write)
         try:
-            self._watch(whole, streamer, timeout)
+            self._watch(whole, streamer, timeout, framework if setup is not None else None)
         except KeyboardInterrupt:
             client.send_signal(signal.SIGINT, targets=ids, block=False)
             freed = whole.wait(10)
@@ -395,8 +395,9 @@ class Engines:
         the metadata's dates with dateutil first: about 3 ms a cell on 4 ranks, more than %%px pays in all)."""
         return {rank: (md.get("stdout") or "") + (md.get("stderr") or "") for rank, md in enumerate(whole._metadata)}
 
-    def _watch(self, whole: Any, streamer: Streamer, timeout: float | None) -> None:
-        """Stream output until every rank is done; stop the world on a dead rank, a dead controller or the timeout."""
+    def _watch(self, whole: Any, streamer: Streamer, timeout: float | None, initialising: str | None) -> None:
+        """Stream output until every rank is done; stop the world on a dead rank, a dead controller or the timeout.
+        ``initialising``: the framework this cell initialises first (ranks that die then died of its init)."""
         deadline = time.monotonic() + timeout if timeout else None
         while not whole.wait(0.1):
             streamer.feed(self._texts(whole))
@@ -409,6 +410,10 @@ class Engines:
                 report = self.launcher_report()
                 self.stop()
                 who = ", ".join(f"rank {r.rank} on {r.host}" for r in dead)
+                if initialising:  # e.g. MPI_Init aborting the process, in the rank's boot or in the cell's setup
+                    raise HPCAIError(f"initialising {initialising} failed on the ranks: ranks died: {who}"
+                                     + (f"\nthe launcher said:\n{report}" if report else ""),
+                                     "fix the cause above, then %hpc restart")
                 raise RankFailure(f"ranks died: {who}" + (f"\n{report}" if report else "")
                                   + "\nthe other ranks were stopped; the notebook kernel is fine",
                                   "bring the world back with %hpc restart, then run the cell again")
