@@ -349,13 +349,29 @@ class Engines:
         if not self.running:
             self.start(framework=framework)
         setup = self._framework_setup(framework) if framework else None
+        if setup is not None:  # its own request: a rank that dies in it died of the framework's init
+            self._request("pass", 1, None, setup, timeout, "all", write, initialising=framework)
+            self.framework = framework
+        outcomes = self._request(code, first_line, push, None, timeout, output, write, initialising=None)
+        failed = {rank: o for rank, o in outcomes.items() if not o["ok"]}
+        if failed:
+            for rank, o in sorted(failed.items()):
+                write(f"---- rank {rank} on {self.ranks[rank].host}: {o['ename']} ----\n{o['traceback']}")
+            summary = ", ".join(f"{r} ({o['ename']}: {o['evalue'][:80]})" for r, o in sorted(failed.items()))
+            raise RankFailure(f"{len(failed)} of {len(outcomes)} ranks failed: {summary}",
+                              "the tracebacks above show each failing rank; the engines are still running", outcomes)
+        return {rank: o["value"] for rank, o in outcomes.items()}
+
+    def _request(self, code: str, first_line: int, push: dict[str, Any] | None, setup: Callable[[], Any] | None,
+                 timeout: float | None, output: str, write: Write, initialising: str | None) -> dict[int, dict[str, Any]]:
+        """One run_cell request to every rank, watched and streamed; each rank's outcome, by rank."""
         client = self._client
         assert client is not None
         ids = [r.engine_id for r in self.ranks]
         whole = client[ids].apply_async(rankside.run_cell, code, first_line, push, setup)  # one request, rank order
         streamer = Streamer(self.ranks, output, write)
         try:
-            self._watch(whole, streamer, timeout, framework if setup is not None else None)
+            self._watch(whole, streamer, timeout, initialising)
         except KeyboardInterrupt:
             client.send_signal(signal.SIGINT, targets=ids, block=False)
             freed = whole.wait(10)
@@ -367,20 +383,12 @@ class Engines:
         whole.wait_for_output(10)  # a result can arrive before the last of its rank's output does
         streamer.feed(self._texts(whole), final=True)
         outcomes = dict(enumerate(whole.get()))
-        failed = {rank: o for rank, o in outcomes.items() if not o["ok"]}
-        if failed and any(o.get("setup") for o in failed.values()):
-            raise HPCAIError(f"initialising {framework} failed on the ranks:\n" + "\n".join(
-                f"---- rank {rank} on {self.ranks[rank].host}: {o['ename']} ----\n{o['traceback']}"
-                for rank, o in sorted(failed.items()) if o.get("setup")), "fix the cause above, then %hpc restart")
-        if framework:
-            self.framework = framework
+        failed = {rank: o for rank, o in outcomes.items() if o.get("setup")}
         if failed:
-            for rank, o in sorted(failed.items()):
-                write(f"---- rank {rank} on {self.ranks[rank].host}: {o['ename']} ----\n{o['traceback']}")
-            summary = ", ".join(f"{r} ({o['ename']}: {o['evalue'][:80]})" for r, o in sorted(failed.items()))
-            raise RankFailure(f"{len(failed)} of {len(outcomes)} ranks failed: {summary}",
-                              "the tracebacks above show each failing rank; the engines are still running", outcomes)
-        return {rank: o["value"] for rank, o in outcomes.items()}
+            raise HPCAIError(f"initialising {initialising} failed on the ranks:\n" + "\n".join(
+                f"---- rank {rank} on {self.ranks[rank].host}: {o['ename']} ----\n{o['traceback']}"
+                for rank, o in sorted(failed.items())), "fix the cause above, then %hpc restart")
+        return outcomes
 
     def _where_stuck(self) -> str:
         """The ranks' grouped stacks for an error message, or why there are none."""
