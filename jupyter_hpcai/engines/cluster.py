@@ -355,8 +355,7 @@ class Engines:
         outcomes = self._request(code, first_line, push, None, timeout, output, write, initialising=None)
         failed = {rank: o for rank, o in outcomes.items() if not o["ok"]}
         if failed:
-            for rank, o in sorted(failed.items()):
-                write(f"---- rank {rank} on {self.ranks[rank].host}: {o['ename']} ----\n{o['traceback']}")
+            write(self._tracebacks(failed))
             summary = ", ".join(f"{r} ({o['ename']}: {o['evalue'][:80]})" for r, o in sorted(failed.items()))
             raise RankFailure(f"{len(failed)} of {len(outcomes)} ranks failed: {summary}",
                               "the tracebacks above show each failing rank; the engines are still running", outcomes)
@@ -385,10 +384,14 @@ class Engines:
         outcomes = dict(enumerate(whole.get()))
         failed = {rank: o for rank, o in outcomes.items() if o.get("setup")}
         if failed:
-            raise HPCAIError(f"initialising {initialising} failed on the ranks:\n" + "\n".join(
-                f"---- rank {rank} on {self.ranks[rank].host}: {o['ename']} ----\n{o['traceback']}"
-                for rank, o in sorted(failed.items())), "fix the cause above, then %hpc restart")
+            raise HPCAIError(f"initialising {initialising} failed on the ranks:\n{self._tracebacks(failed)}",
+                             "fix the cause above, then %hpc restart")
         return outcomes
+
+    def _tracebacks(self, failed: dict[int, dict[str, Any]]) -> str:
+        """Each failing rank's traceback under a line naming the rank, its host and the error."""
+        return "".join(f"---- rank {rank} on {self.ranks[rank].host}: {o['ename']} ----\n{o['traceback']}"
+                       for rank, o in sorted(failed.items()))
 
     def _where_stuck(self) -> str:
         """The ranks' grouped stacks for an error message, or why there are none."""
