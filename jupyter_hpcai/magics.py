@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import html
 import os
 import shlex
+import threading
+import time
 from typing import Any
 
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
 from . import engines as engines_api
+from .engines import telemetry
 from .engines.frameworks import FRAMEWORKS
 from .engines.launch import LAUNCHERS
 from .engines.output import OUTPUT_MODES
@@ -42,6 +46,20 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _interval(text: str) -> float:
+    value = float(text) if text.replace(".", "", 1).isdigit() else -1
+    if not (value == 0 or 0.1 <= value <= 3600):
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or between 0.1 and 3600 seconds, not {text}")
+    return value
+
+
+def _share(text: str) -> float:
+    value = float(text) if text.replace(".", "", 1).isdigit() else -1
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be a share between 0 and 1 (e.g. 0.67), not {text}")
+    return value
+
+
 def hpc_parser() -> _Parser:
     parser = _Parser(prog="%hpc", add_help=True)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -54,6 +72,15 @@ def hpc_parser() -> _Parser:
                        help="initialised by every rank as it starts (auto: the env's, Horovod first)")
     for name in ("stop", "restart", "status", "panel"):
         sub.add_parser(name)
+    start.add_argument("--telemetry", type=_interval, default=telemetry.DEFAULT_INTERVAL, metavar="SECONDS",
+                       help="seconds between the ranks' telemetry samples (0: off)")
+    top = sub.add_parser("top", help="every rank's CPU, memory, GPU and training rate, updated live")
+    top.add_argument("--for", dest="duration", type=_seconds, default=600, help="keep updating this many seconds")
+    top.add_argument("--straggler", type=_share, metavar="SHARE",
+                     help=f"flag ranks whose rate is below this share of the median rate (default: "
+                          f"${telemetry.STRAGGLER_VAR}, else {telemetry.DEFAULT_STRAGGLER_SHARE})")
+    sampling = sub.add_parser("telemetry", help="change how often the running ranks sample themselves")
+    sampling.add_argument("seconds", type=_interval, help="seconds between samples (0: off)")
     stacks = sub.add_parser("stacks", help="every rank's Python stack, identical ones grouped (py-spy)")
     stacks.add_argument("--native", action="store_true", help="with the C frames")
     return parser
@@ -88,12 +115,14 @@ class HPCMagics(Magics):  # type: ignore[misc]
     @line_magic
     def hpc(self, line: str) -> Any:
         """%hpc start [-n N] [--nodes K] [--gpus-per-node G] [--launcher srun|mpirun|local] [--framework F]
-        | stop | restart | status | stacks [--native] | panel"""
+        [--telemetry S] | stop | restart | status | top [--for S] [--straggler SHARE] | telemetry S | stacks [--native]
+        | panel"""
         args = parse(hpc_parser(), line)
         engines = engines_api.current()
         if args.command == "start":
             ranks = engines.start(n=args.n, nodes=args.nodes, gpus_per_node=args.gpus_per_node, launcher=args.launcher,
-                                  framework=None if args.framework == "none" else args.framework)
+                                  framework=None if args.framework == "none" else args.framework,
+                                  telemetry_interval=args.telemetry)
             warm = f"; {engines.warm} initialising on every rank" if engines.warm else ""
             print(f"{len(ranks)} engines ready ({engines.layout.launcher}){warm}:")  # type: ignore[union-attr]
             _print_ranks(ranks)
@@ -111,6 +140,11 @@ class HPCMagics(Magics):  # type: ignore[misc]
             from .engines.stacks import render
 
             print(render(engines.stacks(native=args.native)))
+        elif args.command == "telemetry":
+            engines.set_telemetry(args.seconds)
+            print(f"telemetry every {args.seconds:g} s on every rank" if args.seconds else "telemetry off")
+        elif args.command == "top":
+            _top(engines, args.duration, args.straggler)
         elif args.command == "panel":
             from .widgets import ClusterPanel
 
@@ -156,6 +190,55 @@ def _script_cell(script: str, args: list[str]) -> str:
     if not os.path.isfile(path):
         raise HPCAIError(f"no such script: {script}", "give the path of a Python file on a filesystem every node sees")
     return f"import runpy, sys\nsys.argv = {[path, *args]!r}\nrunpy.run_path({path!r}, run_name='__main__')"
+
+
+class _TopTable:
+    """%hpc top's table, as HTML for the notebook and as text elsewhere."""
+
+    def __init__(self, engines: engines_api.Engines, ratio: float | None) -> None:
+        self.rows = telemetry.rows(engines.samples(), ratio)
+        if not engines.running:
+            self.empty = "no engines running; start them with %hpc start"
+        elif not engines.telemetry_interval:
+            self.empty = "telemetry is off for these engines; %hpc start --telemetry 2 turns it on"
+        else:
+            self.empty = f"no samples yet: the first arrive within {engines.telemetry_interval:g} s"
+
+    def __repr__(self) -> str:
+        if not self.rows:
+            return self.empty
+        widths = [max(len(c), *(len(r[i]) for r in self.rows)) for i, c in enumerate(telemetry.COLUMNS)]
+        return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip()
+                         for row in [telemetry.COLUMNS, *self.rows])
+
+    def _repr_html_(self) -> str:
+        if not self.rows:
+            return f"<i>{html.escape(self.empty)}</i>"
+        head = "".join(f"<th>{c}</th>" for c in telemetry.COLUMNS)
+        body = "".join("<tr{}>{}</tr>".format(' class="hpcai-straggler" style="color:#b00020"' if r[-1] else "",
+                                              "".join(f"<td>{html.escape(v)}</td>" for v in r)) for r in self.rows)
+        return f'<table class="hpcai-top"><tr>{head}</tr>{body}</table>'
+
+
+def _top(engines: engines_api.Engines, duration: float, ratio: float | None) -> None:
+    """Show the table, then update it in place every sampling interval for ``duration`` s, until these
+    engines stop (a thread: the notebook stays free for other cells)."""
+    from IPython.display import display
+
+    handle = display(_TopTable(engines, ratio), display_id=True)
+    folder, every = engines.folder, engines.telemetry_interval
+    if folder is None or not every:
+        return
+    stopped = threading.Event()
+
+    def follow() -> None:
+        deadline = time.monotonic() + duration
+        while not stopped.wait(every) and time.monotonic() < deadline:
+            if engines.folder != folder:  # stopped or restarted: a last update says so
+                stopped.set()
+            handle.update(_TopTable(engines, ratio))
+
+    threading.Thread(target=follow, name="hpcai-top", daemon=True).start()
 
 
 def _print_ranks(ranks: list[engines_api.Rank]) -> None:

@@ -1,4 +1,5 @@
-"""`ClusterPanel`: pick nodes and GPUs, start/stop/restart the engines, watch the ranks and the walltime.
+"""`ClusterPanel`: pick nodes and GPUs, start/stop/restart the engines, watch the ranks, their telemetry and
+the walltime.
 
 Controls and display only; every action is a call on the engines API, and its errors show in the panel.
 The panel follows the engines' state whoever changes it (its buttons, or `%hpc` in another cell): it
@@ -13,6 +14,7 @@ from html import escape
 import ipywidgets as w
 
 from . import engines as engines_api
+from .engines import telemetry
 from .engines.cluster import Engines
 from .engines.launch import usable
 from .errors import HPCAIError
@@ -41,6 +43,7 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
         self.ranks = w.HTML()
         self.walltime = w.HTML()
         self.message = w.HTML()
+        self._alive: dict[int, bool] = {}  # by rank, as of the last change of state
         self.start_button.on_click(lambda _: self._act(self._start))
         self.stop_button.on_click(lambda _: self._act(self.engines.stop))
         self.restart_button.on_click(lambda _: self._act(lambda: self.engines.restart(progress=self._progress)))
@@ -53,7 +56,7 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
         ])
         self.refresh()
         self._unsubscribe = self.engines.subscribe(lambda engines: self.refresh())
-        self._timer = _Repeat(tick_seconds, self._show_walltime)
+        self._timer = _Repeat(tick_seconds, self._tick)
         self._timer.start()
 
     def _start(self) -> None:
@@ -84,17 +87,30 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
         self.restart_button.disabled = busy or self.engines.layout is None
         label = {"starting": "starting&hellip;", "restarting": "restarting&hellip;", "stopping": "stopping&hellip;"}
         self.state.value = f'<span class="hpcai-state" data-state="{state}">Engines: <b>{label.get(state, state)}</b></span>'
-        ranks = self.engines.status() if state == "running" else []
-        if ranks:
-            rows = "".join(f"<tr><td>{r.rank}</td><td>{escape(r.host)}</td><td>{escape(r.gpu or '-')}</td>"
-                           f"<td>{'running' if r.alive else '<b>dead</b>'}</td></tr>" for r in ranks)
-            self.ranks.value = ('<table class="hpcai-ranks"><tr><th>rank</th><th>host</th><th>GPU</th><th>state</th></tr>'
-                                f"{rows}</table>")
-            self.progress.max, self.progress.value = len(ranks), sum(r.alive for r in ranks)
-        else:
-            self.ranks.value = "<i>no engines running</i>"
-            self.progress.value = 0
+        self._alive = {r.rank: r.alive for r in self.engines.status()} if state == "running" else {}
+        self.progress.max, self.progress.value = max(1, len(self._alive)), sum(self._alive.values())
+        self._tick()
+
+    def _tick(self) -> None:
+        """Every second: the walltime, and the rank table with the ranks' latest telemetry (read from files,
+        so this thread never touches the engines' client)."""
+        self._show_ranks()
         self._show_walltime()
+
+    def _show_ranks(self) -> None:
+        ranks = [r for r in self.engines.ranks if r.rank in self._alive]
+        if not ranks:
+            self.ranks.value = "<i>no engines running</i>"
+            return
+        samples = {row[0]: row for row in telemetry.rows(self.engines.samples())}
+        head = "".join(f"<th>{c}</th>" for c in ("rank", "host", "GPU", "state", *telemetry.COLUMNS[2:]))
+        body = []
+        for r in ranks:
+            row = samples.get(str(r.rank), ("",) * len(telemetry.COLUMNS))
+            cells = [str(r.rank), r.host, r.gpu or "-", "running" if self._alive[r.rank] else "dead", *row[2:]]
+            flagged = ' class="hpcai-straggler" style="color:#b00020"' if row[-1] or not self._alive[r.rank] else ""
+            body.append(f"<tr{flagged}>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
+        self.ranks.value = f'<table class="hpcai-ranks"><tr>{head}</tr>{"".join(body)}</table>'
 
     def _show_walltime(self) -> None:
         alloc = self.engines.allocation

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -203,7 +204,7 @@ def kernel_env(small_recipe: Path, env_store: EnvStore, tmp_path_factory: pytest
     return env
 
 
-ANSI = __import__("re").compile(r"\x1b\[[0-9;]*m")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclass
@@ -212,6 +213,7 @@ class Cell:
     stdout: str = ""
     error: str = ""  # the error's rendering (ename, message, hint or traceback), ANSI colours removed
     result: str | None = None
+    displays: list[str] = field(default_factory=list)  # display_data and update_display_data, as text/plain
 
 
 class JobKernel:
@@ -241,6 +243,8 @@ class JobKernel:
                 cell.error = ANSI.sub("", "\n".join(content["traceback"]) or f"{content['ename']}: {content['evalue']}")
             elif kind == "execute_result":
                 cell.result = content["data"]["text/plain"]
+            elif kind in ("display_data", "update_display_data"):
+                cell.displays.append(content["data"].get("text/plain", ""))
 
         # stop_on_error=False: ipykernel 7 aborts an execute request that reaches it in the instant after an error
         # reply (its abort flag is cleared by a message it queues itself). A person never sends that fast; a test
@@ -338,8 +342,16 @@ def lab_in_job(tf_env: EnvDir, work: Path, walltime: str = "00:30:00") -> Iterat
                        env={**os.environ, "JUPYTER_PATH": str(work / "share" / "jupyter"),
                             "JUPYTERLAB_SETTINGS_DIR": str(work / "settings"), "IPYTHONDIR": str(work / "ipython")})
     try:
-        lab = JobLab(f"http://{job_node_address(job)}:{port}", token, work, job)
-        wait_until(lambda: answers(Server(lab.url, token, work / "lab.log")), timeout=120,
+        address = job_node_address(job)
+
+        def serving() -> str | None:  # the port it took: ours, or the next one when ours was taken on the node
+            log = work / "lab.log"
+            found = re.search(rf"http://{re.escape(address)}:(\d+)/lab", log.read_text(errors="replace") if log.exists() else "")
+            return f"http://{address}:{found.group(1)}" if found else None
+
+        url = wait_until(serving, timeout=120, what=f"JupyterLab in job {job} to start (its log: {work}/lab.log)")
+        lab = JobLab(url, token, work, job)
+        wait_until(lambda: answers(Server(lab.url, token, work / "lab.log")), timeout=60,
                    what=f"JupyterLab in job {job} to answer (its log: {work}/lab.log)")
         yield lab
     finally:

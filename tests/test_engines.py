@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import time
 from pathlib import Path
 
@@ -161,6 +162,53 @@ def test_a_hang_shows_every_ranks_stack_grouped(world: JobKernel) -> None:
     assert idle.status == "ok" and idle.stdout.startswith("ranks 0,1,2,3 (4 of 4): idle (no cell running)"), idle.stdout
 
 
+LOAD = """import os, time
+from jupyter_hpcai.engines import telemetry
+slow = os.environ["SLURM_PROCID"] == "1"
+end = time.time() + 7
+while time.time() < end:
+    sum(i * i for i in range(20_000))  # a few milliseconds of work: one step
+    telemetry.step(1)
+    if slow:
+        time.sleep(0.05)  # the straggler, on purpose
+"""
+SAMPLES = ("[(s.rank, s.cpu, s.rate, max(s.cpu_history), s.gpu_util, s.rss, s.fresh(), max(s.rate_history or [0])) "
+           "for s in E.current().samples()]")
+
+
+def test_telemetry_moves_under_load_goes_quiet_at_rest_and_flags_a_straggler(world: JobKernel) -> None:
+    """Every rank samples itself every 2 s (telemetry.py). At rest: little CPU and no rate. Under load (every
+    rank reports its steps, rank 1 slowed on purpose): CPU rises, the rates show and rank 1 is the straggler, in
+    the samples and in %hpc top's live table. At rest again: CPU falls, the rate is 0. No framework on these
+    ranks: Horovod's background thread alone keeps an idle rank near 30 % of a core here. The GPU columns stay
+    blank: the dev cluster's GPUs are fake devices, with no NVML behind them."""
+    assert world.run("%hpc start --framework none").status == "ok"
+    world.run("import time\ntime.sleep(5)")
+    rest = eval(world.run(SAMPLES).result)  # noqa: S307 - our own kernel's repr
+    assert [s[0] for s in rest] == [0, 1, 2, 3] and all(s[6] for s in rest), rest
+    assert all(s[1] < 15 and s[2] is None and s[4] is None and s[5] > 10 * 2**20 for s in rest), rest
+
+    assert world.run(f"_ = E.current().run({LOAD!r}, framework=None)", timeout=120).status == "ok"
+    busy = eval(world.run(SAMPLES).result)  # noqa: S307
+    # CPU % during the loop: 2 cores for 4 ranks here (and in CI), rank 1 sleeps most of it
+    assert all(busy[r][3] > max(15, 2 * rest[r][1]) for r in (0, 2, 3)), (rest, busy)
+    rates = {s[0]: s[7] for s in busy}  # the peak rate
+    assert all(rates[r] > 2 * rates[1] > 0 for r in (0, 2, 3)), rates
+    assert world.run("from jupyter_hpcai.engines import telemetry\n"
+                     "telemetry.stragglers(E.current().samples())").result == "{1}"
+    top = world.run("%hpc top --for 3")
+    table = top.displays[0].splitlines()
+    assert table[0].split()[:4] == ["rank", "host", "CPU", "%"], table
+    assert "straggler" in table[2] and not any("straggler" in row for row in (table[1], *table[3:])), table
+
+    world.run("time.sleep(5)")
+    quiet = eval(world.run(SAMPLES).result)  # noqa: S307
+    assert all(s[1] < 15 and s[2] == 0.0 for s in quiet), quiet
+    live = world.run("%hpc top --for 5\ntime.sleep(4.5)")  # the table updates in place while the cell waits
+    assert len(live.displays) >= 2 and all("rank" in d for d in live.displays), live.displays
+    assert world.run("%hpc start").status == "ok"  # Horovod at boot again, for the tests after this one
+
+
 def test_killed_rank_is_reported_and_kernel_survives(world: JobKernel) -> None:
     cell = world.run("%%horovod_run\nimport os, time\nif rank == 2:\n    os.kill(os.getpid(), 9)\ntime.sleep(60)", timeout=120)
     assert cell.status == "error"
@@ -261,7 +309,6 @@ def test_benchmark_allreduce_across_hosts(devcluster, tf_env, bench: list[str]) 
     """Printed: a 16 MiB Horovod allreduce between 2 ranks on 2 nodes / the same on one node, over MPI and over
     Gloo (its own controller and rendezvous, as horovodrun --gloo); alternating, 3 times each, medians.
     Asserted: each run spanned the nodes it was asked to, on the transport asked for."""
-    import statistics
     import subprocess
 
     times: dict[tuple[str, int], list[float]] = {}
@@ -334,6 +381,19 @@ print(f"RESULT {magic} {plain} {ours} {px} {ready} {raw}")
                  f"{px * 1e3:.1f} ms = {ours / px:.2f} (target <= 1.0; medians of 20, alternating)")
     bench.append(f"time to 4 Horovod-ready engines: %hpc start {ready:.1f} s / raw srun hvd.init() {raw:.1f} s "
                  f"= {ready / raw:.2f} (target <= 1.2; one run each, hpcai bench overhead alternates 3)")
+
+
+def test_benchmark_telemetry_overhead(world: JobKernel, bench: list[str]) -> None:
+    """Printed, not asserted: training throughput with every rank sampling itself every second (twice as often
+    as the default) and with telemetry off, on the same 4 ranks and model, alternating 4 times (medians)."""
+    cell = world.run("%%horovod_run -o r\nfrom jupyter_hpcai.bench.train_small import telemetry_on_off\n"
+                     "telemetry_on_off()", timeout=900)
+    assert cell.status == "ok", cell.error
+    rates = eval(world.run("r[0]").result)  # noqa: S307 - our own kernel's repr of a dict of lists
+    on, off = statistics.median(rates["on"]), statistics.median(rates["off"])
+    bench.append(f"training throughput with telemetry every 1 s {on:.1f} img/s / telemetry off {off:.1f} img/s = "
+                 f"{on / off:.3f} (target >= 0.99; same 4 ranks and model, 4 rounds alternating in swapped order, "
+                 f"medians; one sample costs a rank {rates['sample_ms'][0]:.2f} ms)")
 
 
 def test_a_real_notebook_through_nbclient(devcluster, tf_env, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,12 @@ def test_rest_handlers_outside_a_job(tmp_path: Path) -> None:
     with jupyter_server(tmp_path, env={**env, "IPYTHONDIR": str(tmp_path / "ipython")}) as server:
         assert server.request("GET", "/hpcai/api/allocation") == (200, {"in_job": False})
         assert server.request("GET", "/hpcai/api/engines") == (200, {"engine_sets": []})
+        # the side panel's stacks button: bad requests and unknown sets get a clear answer (never a path lookup)
+        assert server.request("POST", "/hpcai/api/stacks", {"native": "yes"})[0] == 400
+        for cluster_id in ("hpcai-1-2-3", "../../etc", "hpcai-../../x"):
+            status, body = server.request("POST", "/hpcai/api/stacks", {"cluster_id": cluster_id})
+            assert status == 409 and body["error"] == f"no running engine set '{cluster_id}'", body
+            assert "%hpc start" in body["hint"]
         anonymous = Server(server.url, "wrong-token", server.log)
         assert anonymous.request("GET", "/hpcai/api/allocation")[0] == 403
 
@@ -96,6 +103,13 @@ def test_side_panel_warns_in_the_last_15_minutes(devcluster, tf_env, tmp_path: P
         assert "of walltime left" in toast.inner_text() and "Save your work" in toast.inner_text()
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "side-panel-walltime-warning.png"))
+        # the job ends (scancel, as the walltime would): the panel says so in words, not with an HTTP status
+        subprocess.run(["scancel", str(lab.job_id)], timeout=30, check=True)
+        page.wait_for_selector("#hpcai-panel .hpcai-stopped", timeout=60_000)
+        stopped = page.inner_text("#hpcai-panel")
+        assert "The notebook server has stopped" in stopped and "start a new server from the hub" in stopped, stopped
+        assert not re.search(r"\b(424|502|503)\b|Failed Dependency|Error:", stopped), stopped
+        page.screenshot(path=str(ARTIFACTS / "side-panel-server-stopped.png"))
         browser.close()
 
 
@@ -121,8 +135,17 @@ def test_widget_start_button_starts_two_engines(job_lab: JobLab, tf_env) -> None
         assert re.search(r"0\s+n1\s+\d\s+running", table) and re.search(r"1\s+n1\s+\d\s+running", table)
         page.screenshot(path=str(ARTIFACTS / "widget-panel.png"))
         page.click('li[data-id="hpcai-panel"]')
-        page.wait_for_selector("#hpcai-panel table.hpcai-engines", timeout=60_000)
-        assert "2/2" in page.inner_text("#hpcai-panel table.hpcai-engines")
+        # a row per rank, with its telemetry (the first samples come within 2 s; the panel refreshes every 2 s)
+        page.wait_for_function("[...document.querySelectorAll('#hpcai-panel tr.hpcai-rank')].filter("
+                               "r => /^\\d\\s+n1\\s+\\d\\s+\\d+\\s+running$/.test(r.innerText.trim())"
+                               " && /^CPU \\d+% · \\d+\\.\\d MiB · GPU -/.test(r.nextSibling.innerText.trim())"
+                               ").length === 2"  # and each rank's CPU as a sparkline
+                               " && document.querySelectorAll('#hpcai-panel svg.hpcai-spark').length === 2",
+                               timeout=60_000)
+        assert "2/2 running" in page.inner_text("#hpcai-panel .hpcai-set")
+        page.click("#hpcai-panel .hpcai-stacks-button")  # every rank's stack, grouped: both idle
+        page.wait_for_selector("#hpcai-panel pre.hpcai-stacks:has-text('(2 of 2)')", timeout=60_000)
+        assert page.inner_text("#hpcai-panel pre.hpcai-stacks").startswith("ranks 0,1 (2 of 2): idle")
         page.screenshot(path=str(ARTIFACTS / "side-panel-with-engines.png"))
         browser.close()
 

@@ -9,13 +9,15 @@ user), so the server extension can list them without a registry of its own.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
+import shutil
 import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -27,8 +29,8 @@ from .. import network, slurm
 from ..container_launch import ContainerLaunch
 from ..allocation import Allocation
 from ..errors import HPCAIError
-from ..proc import run, wait_until
-from . import rankside
+from ..proc import wait_until
+from . import listing, rankside, telemetry
 from . import stacks as rank_stacks
 from .frameworks import DISTRIBUTIONS, FRAMEWORKS, default_framework
 from .launch import LAUNCHERS, Layout, RankSetLauncher, plan
@@ -103,6 +105,9 @@ class Engines:
         self.warm: str | None = None  # initialised by the ranks as they boot
         self.versions: dict[int, dict[str, Any]] = {}
         self.timeline: Timeline | None = None
+        self.folder: Path | None = None  # the set's private folder (listing.py): rank output, telemetry, rank table
+        self.telemetry_interval = telemetry.DEFAULT_INTERVAL
+        atexit.register(self._remove_folder)  # a kernel that exits with engines running (ipyparallel stops them)
         self.state: State = "stopped"
         self._listeners: list[Callable[[Engines], None]] = []
 
@@ -122,18 +127,22 @@ class Engines:
             listener(self)
 
     # --- start and stop -----------------------------------------------------------------------------------
-    def command(self, layout: Layout) -> list[str]:
+    def command(self, layout: Layout, folder: Path | None = None) -> list[str]:
         """The command that starts the ranks for ``layout`` (printable before anything starts)."""
-        return LAUNCHERS[layout.launcher].command(layout, self._node_addresses())
+        return LAUNCHERS[layout.launcher].command(layout, self._node_addresses(), rank_logs=folder)
 
     def start(self, *, n: int | None = None, nodes: int | None = None, gpus_per_node: int | None = None,
               launcher: str | None = None, framework: str | None = "auto", timeout: float = 180,
-              progress: Progress | None = None) -> list[Rank]:
+              telemetry_interval: float = telemetry.DEFAULT_INTERVAL, progress: Progress | None = None) -> list[Rank]:
         """Start the engines (stopping any running ones first) and return the ranks, in rank order.
 
         ``framework``: initialised by every rank as it boots, so that the first cell finds it ready: a name in
         FRAMEWORKS, "auto" (the env's: Horovod, else torch) or None (only on first use).
+        ``telemetry_interval``: seconds between the ranks' telemetry samples (0: off).
         """
+        if telemetry_interval < 0:
+            raise HPCAIError(f"the telemetry interval must be 0 (off) or more seconds, not {telemetry_interval:g}")
+        self.telemetry_interval = telemetry_interval
         layout = plan(self.allocation, n=n, nodes=nodes, gpus_per_node=gpus_per_node, launcher=launcher)
         warm = default_framework() if framework == "auto" else framework
         if warm is not None and warm not in FRAMEWORKS:
@@ -154,7 +163,8 @@ class Engines:
         self.timeline = timeline = Timeline()
         job = self.allocation.job_id if self.allocation else "local"
         cluster_id = f"hpcai-{job}-{os.getpid()}-{next(_start_ids)}"  # never a previous start's files
-        command = self.command(layout)
+        self.folder = listing.create_set_folder(cluster_id)
+        command = self.command(layout, self.folder)
         config = Config()
         config.RankSetLauncher.launcher = layout.launcher
         config.RankSetLauncher.command = command
@@ -169,7 +179,8 @@ class Engines:
         # The ranks start now, beside the controller; each waits for the controller's file (boot.py).
         cluster.start_engines_sync(environment={
             network.NODE_ADDRS: network.encode_addresses(self._node_addresses()), "HPCAI_WARM": warm or "",
-            "HPCAI_CONNECTION_FILE": str(connection_file), "HPCAI_CONTROLLER_TIMEOUT": str(timeout)})
+            "HPCAI_CONNECTION_FILE": str(connection_file), "HPCAI_CONTROLLER_TIMEOUT": str(timeout),
+            telemetry.FOLDER_VAR: str(self.folder), telemetry.INTERVAL_VAR: str(self.telemetry_interval)})
         timeline.mark("launcher started")
         try:
             self._client = cluster.connect_client_sync()
@@ -182,6 +193,8 @@ class Engines:
         registered = self._wait_for_engines(layout.n, timeout, progress)
         timeline.mark("all registered", max(registered.values()))
         self.ranks, self.versions, rank_timelines = self._rank_table()
+        listing.write_rank_table(self.folder, layout.launcher, [asdict(r) for r in self.ranks],
+                                 container=ContainerLaunch.from_env(os.environ) is not None)
         timeline.ranks_reached(rank_timelines)
         timeline.mark("rank table + preflight data")
 
@@ -237,8 +250,14 @@ class Engines:
                 cluster.stop_cluster_sync()
             except Exception:  # engines that died already; the controller still goes
                 cluster.stop_controller_sync()
+        self._remove_folder()
         if notify:
             self._set_state("stopped")
+
+    def _remove_folder(self) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
 
     def restart(self, *, timeout: float = 180, progress: Progress | None = None) -> list[Rank]:
         """Stop everything and start the same layout again (the same framework initialised at boot)."""
@@ -247,7 +266,7 @@ class Engines:
         layout, warm = self.layout, self.warm or self.framework
         self._set_state("restarting")
         return self.start(n=layout.n, nodes=layout.nodes, gpus_per_node=layout.per_node, launcher=layout.launcher,
-                          framework=warm, timeout=timeout, progress=progress)
+                          framework=warm, timeout=timeout, telemetry_interval=self.telemetry_interval, progress=progress)
 
     # --- what the ranks are doing -------------------------------------------------------------------------
     def status(self) -> list[Rank]:
@@ -257,6 +276,17 @@ class Engines:
         self._client.spin()
         alive = set(self._client.ids)
         return [replace(r, alive=r.engine_id in alive) for r in self.ranks]
+
+    def set_telemetry(self, interval: float) -> None:
+        """Sample every ``interval`` seconds on every rank from now on (0: off), the ranks staying as they are."""
+        if interval < 0:
+            raise HPCAIError(f"the telemetry interval must be 0 (off) or more seconds, not {interval:g}")
+        self.view().apply_sync(telemetry.set_interval, interval)
+        self.telemetry_interval = interval
+
+    def samples(self) -> list[telemetry.Sample]:
+        """Every rank's latest telemetry (read from the set's folder: nothing asks the ranks)."""
+        return telemetry.read(self.folder) if self.folder else []
 
     def dead(self) -> list[Rank]:
         return [r for r in self.status() if not r.alive]
@@ -277,7 +307,8 @@ class Engines:
             wait_until(lambda: all(_exited(ln) for ln in launchers), timeout=wait, what="the launcher to exit")
         except HPCAIError:
             pass  # report what it said so far
-        return launcher_said("\n".join(_output(launcher) for launcher in launchers))
+        ranks = sorted(self.folder.glob("rank-*.log")) if self.folder else []
+        return launcher_said("\n".join([*map(_output, launchers), *(p.read_text(errors="replace") for p in ranks)]))
 
     def view(self) -> ipp.DirectView:
         """A DirectView on the ranks, in rank order (for %%px and ipyparallel's own API)."""
@@ -300,13 +331,9 @@ class Engines:
         if not self.ranks or self.layout is None:
             raise HPCAIError("no engines are running", "start them: %hpc start")
         if ContainerLaunch.from_env(os.environ) is not None:
-            raise HPCAIError("the ranks run in a container, where the host's py-spy cannot follow them",
-                             "use an env that is a built prefix to read the ranks' stacks")
-        hosts = sorted({r.host for r in self.ranks})
-        argv = [*LAUNCHERS[self.layout.launcher].on_nodes(hosts), sys.executable, "-m", rank_stacks.__name__,
-                ",".join(f"{r.host}={r.pid}" for r in self.ranks), *(["--native"] * native)]
-        found = rank_stacks.parse(run(argv, timeout=timeout, check=False).stdout)
-        return rank_stacks.group({r.rank: found.get(r.pid, f"no answer from {r.host}") for r in self.ranks})
+            raise rank_stacks.container_refusal()
+        on_nodes = LAUNCHERS[self.layout.launcher].on_nodes(sorted({r.host for r in self.ranks}))
+        return rank_stacks.collect([(r.rank, r.host, r.pid) for r in self.ranks], on_nodes, native, timeout)
 
     # --- frameworks ---------------------------------------------------------------------------------------
     def preflight(self, framework: str) -> dict[int, dict[str, Any]]:
@@ -410,7 +437,10 @@ class Engines:
         """Stream output until every rank is done; stop the world on a dead rank, a dead controller or the timeout.
         ``initialising``: the framework this cell initialises first (ranks that die then died of its init)."""
         deadline = time.monotonic() + timeout if timeout else None
-        while not whole.wait(0.1):
+        while True:
+            done = whole.wait(0.1)
+            if done and whole.successful():  # run_cell returns every outcome; only a rank's death fails it
+                return
             streamer.feed(self._texts(whole))
             if not self.controller_alive():
                 self.stop()
@@ -428,6 +458,8 @@ class Engines:
                 raise RankFailure(f"ranks died: {who}" + (f"\n{report}" if report else "")
                                   + "\nthe other ranks were stopped; the notebook kernel is fine",
                                   "bring the world back with %hpc restart, then run the cell again")
+            if done:
+                return  # failed otherwise: get() raises it
             if deadline and time.monotonic() > deadline:
                 outstanding = self._client.outstanding if self._client else set()
                 stuck = [rank for rank, msg_id in enumerate(whole.msg_ids) if msg_id in outstanding]

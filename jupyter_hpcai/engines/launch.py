@@ -18,6 +18,7 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from ipyparallel.cluster.launcher import MPIEngineSetLauncher
@@ -60,9 +61,17 @@ class Launcher:
 
     @classmethod
     def command(cls, layout: Layout, addresses: Mapping[str, str] | None = None,
-                environ: Mapping[str, str] | None = None) -> list[str]:
-        """The whole command that starts every rank (ipyparallel appends the engine's own arguments)."""
-        return [*cls.mpi_cmd, "-n", str(layout.n), *cls.args(layout, addresses or {}), *cls.program(environ)]
+                environ: Mapping[str, str] | None = None, rank_logs: Path | None = None) -> list[str]:
+        """The whole command that starts every rank (ipyparallel appends the engine's own arguments); with
+        ``rank_logs``, a launcher that can writes each rank's output there (``rank_output``)."""
+        logs = cls.rank_output(rank_logs) if rank_logs else []
+        return [*cls.mpi_cmd, "-n", str(layout.n), *cls.args(layout, addresses or {}), *logs, *cls.program(environ)]
+
+    @classmethod
+    def rank_output(cls, folder: Path) -> list[str]:
+        """Arguments that write each rank's output into ``folder`` on its node; [] where the launcher's own
+        output keeps every line."""
+        return []
 
     @classmethod
     def on_nodes(cls, hosts: list[str]) -> list[str]:
@@ -98,6 +107,12 @@ class Srun(Launcher):
         # --label: which rank wrote each line (report.py); --overlap: the kernel's own step keeps its CPUs
         return [f"--nodes={layout.nodes}", f"--ntasks-per-node={layout.per_node}", "--distribution=block",
                 "--kill-on-bad-exit=1", "--overlap", "--label"]
+
+    @classmethod
+    def rank_output(cls, folder: Path) -> list[str]:
+        # When --kill-on-bad-exit ends the step, srun can drop the last lines it was forwarding from the rank
+        # that failed (here, 1 start in 20 lost them all); slurmstepd writing a file on the node keeps them.
+        return [f"--output={folder}/rank-%t.log"]
 
 
 class _OpenMPI(Launcher):
@@ -136,7 +151,9 @@ class Local(_OpenMPI):
 
 
 LAUNCHERS: dict[str, type[Launcher]] = {cls.name: cls for cls in (Srun, Mpirun, Local)}
-RANK_SET_VARS = ("HPCAI_WARM", "HPCAI_CONNECTION_FILE")  # set per engine set by Engines.start (boot.py reads them)
+# set per engine set by Engines.start (boot.py and telemetry.py read them)
+RANK_SET_VARS = ("HPCAI_WARM", "HPCAI_CONNECTION_FILE", "HPCAI_CONTROLLER_TIMEOUT", "HPCAI_RANK_FOLDER",
+                 "HPCAI_TELEMETRY_INTERVAL")
 
 
 def usable(allocation: Allocation | None) -> list[str]:

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import HPCAIError
+from ..proc import run
+
 CELL_FILE = re.compile(r"ipykernel_\d+/\d+\.py$")  # where IPython compiles a cell (ipykernel's compiler)
 PTRACE_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
 
@@ -88,6 +91,21 @@ def group(stacks: dict[int, tuple[Frame, ...] | str]) -> list[StackGroup]:
         found.setdefault(key, (frames, []))[1].append(rank)
     groups = [StackGroup(tuple(ranks), frames, error) for (_, error), (frames, ranks) in found.items()]
     return sorted(groups, key=lambda g: (-len(g.ranks), g.ranks))
+
+
+def container_refusal() -> HPCAIError:
+    return HPCAIError("the ranks run in a container, where the host's py-spy cannot follow them",
+                      "use an env that is a built prefix to read the ranks' stacks")
+
+
+def collect(ranks: list[tuple[int, str, int]], on_nodes: list[str], native: bool = False,
+            timeout: float = 60) -> list[StackGroup]:
+    """The stacks of ``ranks`` (rank, host, pid), grouped: this module runs once on every host, started by
+    ``on_nodes`` (the launcher's way onto the ranks' nodes: a srun step inside the job, nothing outside)."""
+    argv = [*on_nodes, sys.executable, "-m", __name__, ",".join(f"{host}={pid}" for _, host, pid in ranks),
+            *(["--native"] * native)]
+    found = parse(run(argv, timeout=timeout, check=False).stdout)
+    return group({rank: found.get(pid, f"no answer from {host}") for rank, host, pid in ranks})
 
 
 def render(groups: list[StackGroup]) -> str:

@@ -1,4 +1,5 @@
-"""GET /hpcai/api/allocation and GET /hpcai/api/engines (both need the server's authentication)."""
+"""GET /hpcai/api/allocation, GET /hpcai/api/engines and POST /hpcai/api/stacks (all need the server's
+authentication)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 
 from ..allocation import Allocation
-from ..engines.listing import list_engine_sets
+from ..engines import listing
+from ..errors import HPCAIError
 
 
 class AllocationHandler(APIHandler):  # type: ignore[misc]
@@ -29,10 +31,29 @@ class EnginesHandler(APIHandler):  # type: ignore[misc]
 
     @web.authenticated
     async def get(self) -> None:
-        self.finish(json.dumps({"engine_sets": await asyncio.to_thread(list_engine_sets)}))
+        self.finish(json.dumps({"engine_sets": await asyncio.to_thread(listing.list_engine_sets)}))
+
+
+class StacksHandler(APIHandler):  # type: ignore[misc]
+    """POST {"cluster_id": ..., "native": false}: every rank's Python stack, identical ones grouped (py-spy)."""
+
+    @web.authenticated
+    async def post(self) -> None:
+        body = self.get_json_body() or {}
+        cluster_id, native = body.get("cluster_id"), body.get("native", False)
+        if not isinstance(cluster_id, str) or not isinstance(native, bool):
+            raise web.HTTPError(400, 'send {"cluster_id": "<an engine set\'s id>", "native": false}')
+        try:
+            groups = await asyncio.to_thread(listing.stacks, cluster_id, native)
+        except HPCAIError as err:
+            self.set_status(409)
+            self.finish(json.dumps({"error": err.message, "hint": err.hint}))
+            return
+        self.finish(json.dumps({"groups": groups}))
 
 
 def setup_handlers(web_app: Any) -> None:
     base = web_app.settings["base_url"]
     web_app.add_handlers(".*$", [(url_path_join(base, "hpcai/api/allocation"), AllocationHandler),
-                                 (url_path_join(base, "hpcai/api/engines"), EnginesHandler)])
+                                 (url_path_join(base, "hpcai/api/engines"), EnginesHandler),
+                                 (url_path_join(base, "hpcai/api/stacks"), StacksHandler)])

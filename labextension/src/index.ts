@@ -1,7 +1,9 @@
 /**
  * jupyter-hpcai side panel: the Slurm job this server runs in, a walltime countdown with a
- * warning before the end, and the engines the user's kernels started. Data comes from the
- * server extension's /hpcai/api/allocation and /hpcai/api/engines.
+ * warning before the end, and the engines the user's kernels started: a row per rank with its
+ * telemetry and a sparkline, stragglers flagged, and a button that shows every rank's stack.
+ * Data comes from the server extension's /hpcai/api/allocation, /hpcai/api/engines and
+ * /hpcai/api/stacks, every 2 s.
  */
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { Notification } from '@jupyterlab/apputils';
@@ -19,24 +21,111 @@ interface IAllocation {
   seconds_left?: number | null;
 }
 
+interface ITelemetry {
+  cpu: number;
+  rss: number;
+  gpu_util: number | null;
+  gpu_mem: number | null;
+  rate: number | null;
+  cpu_history: number[];
+  rate_history: number[];
+  fresh: boolean;
+  straggler: boolean;
+}
+
+interface IRank {
+  rank: number;
+  host: string;
+  gpu: string;
+  pid: number;
+  alive: boolean;
+  telemetry: ITelemetry | null;
+}
+
 interface IEngineSet {
   cluster_id: string;
   engines: number;
   registered: number;
   launcher: string | null;
   state: string;
+  ranks: IRank[];
 }
 
-const REFRESH_MS = 10000;
-const WARN_SECONDS = 15 * 60;
+interface IStackGroup {
+  ranks: number[];
+  headline: string;
+  text: string;
+}
 
-async function getJSON<T>(path: string): Promise<T> {
+const REFRESH_MS = 2000;
+const WARN_SECONDS = 15 * 60;
+// What the hub's proxy answers once the single-user server is gone (424: not running; 502/503: going away)
+const SERVER_GONE = new Set([424, 502, 503]);
+
+class RequestError extends Error {
+  constructor(
+    readonly path: string,
+    readonly status: number,
+    readonly body: { error?: string; hint?: string } = {}
+  ) {
+    super(body.error ?? `${path}: HTTP ${status}`);
+  }
+}
+
+async function requestJSON<T>(path: string, init: RequestInit = {}): Promise<T> {
   const settings = ServerConnection.makeSettings();
-  const response = await ServerConnection.makeRequest(URLExt.join(settings.baseUrl, path), {}, settings);
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(URLExt.join(settings.baseUrl, path), init, settings);
+  } catch {
+    throw new RequestError(path, 0); // no answer at all: the server (or its node) is gone
+  }
   if (!response.ok) {
-    throw new Error(`${path}: ${response.status} ${response.statusText}`);
+    const body = await response.json().catch(() => ({}));
+    throw new RequestError(path, response.status, body);
   }
   return (await response.json()) as T;
+}
+
+/** Why the panel cannot show anything, in words. */
+export function describeFailure(err: unknown): string {
+  if (err instanceof RequestError && (err.status === 0 || SERVER_GONE.has(err.status))) {
+    return (
+      'The notebook server has stopped: its Slurm job ended (the walltime ran out, or it was cancelled), or ' +
+      'the server was shut down. Your files are kept; start a new server from the hub home page.'
+    );
+  }
+  return `The server did not answer as expected: ${String(err instanceof Error ? err.message : err)}`;
+}
+
+/** A small SVG line of the last values (oldest first), scaled to their maximum. */
+export function sparkline(values: number[], width = 60, height = 14): string {
+  if (values.length < 2) {
+    return '';
+  }
+  const top = Math.max(...values, 1e-9);
+  const step = width / (values.length - 1);
+  const points = values
+    .map((v, i) => `${(i * step).toFixed(1)},${(height - (v / top) * (height - 2) - 1).toFixed(1)}`)
+    .join(' ');
+  return (
+    `<svg class="hpcai-spark" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}">` +
+    `<polyline fill="none" stroke="currentColor" stroke-width="1.2" points="${points}"/></svg>`
+  );
+}
+
+function size(bytes: number | null): string {
+  if (bytes === null) {
+    return '-';
+  }
+  const units = ['B', 'KiB', 'MiB', 'GiB'];
+  let n = bytes;
+  let unit = 0;
+  while (n >= 1024 && unit < units.length - 1) {
+    n /= 1024;
+    unit++;
+  }
+  return unit ? `${n.toFixed(1)} ${units[unit]}` : `${n} B`;
 }
 
 export function formatSeconds(total: number): string {
@@ -56,6 +145,7 @@ function escape(text: string): string {
 class AllocationPanel extends Widget {
   private _allocation: IAllocation | null = null;
   private _engines: IEngineSet[] = [];
+  private _stacks = new Map<string, string>(); // by engine set: the last stacks shown, or why there are none
   private _error = '';
   private _deadline = 0; // ms since epoch when the walltime ends
   private _warned = false;
@@ -82,13 +172,30 @@ class AllocationPanel extends Widget {
 
   async refresh(): Promise<void> {
     try {
-      this._allocation = await getJSON<IAllocation>('hpcai/api/allocation');
-      this._engines = (await getJSON<{ engine_sets: IEngineSet[] }>('hpcai/api/engines')).engine_sets;
+      this._allocation = await requestJSON<IAllocation>('hpcai/api/allocation');
+      this._engines = (await requestJSON<{ engine_sets: IEngineSet[] }>('hpcai/api/engines')).engine_sets;
       const left = this._allocation.seconds_left;
       this._deadline = typeof left === 'number' ? Date.now() + left * 1000 : 0;
       this._error = '';
     } catch (err) {
-      this._error = String(err);
+      this._error = describeFailure(err);
+    }
+    this.render();
+  }
+
+  /** Every rank's Python stack in one set, identical stacks grouped (py-spy on the nodes). */
+  async showStacks(clusterId: string): Promise<void> {
+    this._stacks.set(clusterId, 'Reading every rank\'s stack...');
+    this.render();
+    try {
+      const reply = await requestJSON<{ groups: IStackGroup[] }>('hpcai/api/stacks', {
+        method: 'POST',
+        body: JSON.stringify({ cluster_id: clusterId, native: false })
+      });
+      this._stacks.set(clusterId, reply.groups.map(g => g.text).join('\n'));
+    } catch (err) {
+      const body = err instanceof RequestError ? err.body : {};
+      this._stacks.set(clusterId, body.error ? `${body.error}\n${body.hint ?? ''}` : describeFailure(err));
     }
     this.render();
   }
@@ -115,7 +222,9 @@ class AllocationPanel extends Widget {
     const a = this._allocation;
     const parts: string[] = ['<h2>Slurm allocation</h2>'];
     if (this._error) {
-      parts.push(`<p class="hpcai-warning">Cannot reach the server: ${escape(this._error)}</p>`);
+      parts.push(`<p class="hpcai-warning hpcai-stopped">${escape(this._error)}</p>`);
+      this.node.innerHTML = parts.join('');
+      return;
     } else if (!a) {
       parts.push('<p class="hpcai-muted">Loading...</p>');
     } else if (!a.in_job) {
@@ -144,20 +253,49 @@ class AllocationPanel extends Widget {
     parts.push('<h2>Engines</h2>');
     if (!this._engines.length) {
       parts.push('<p class="hpcai-muted">No engines. Start them in a notebook with <code>%hpc start</code>.</p>');
-    } else {
+    }
+    for (const e of this._engines) {
       parts.push(
-        '<table class="hpcai-engines"><tr><th>cluster</th><th>engines</th><th>state</th></tr>' +
-          this._engines
-            .map(
-              e =>
-                `<tr><td>${escape(e.cluster_id)}</td><td>${e.registered}/${e.engines}</td><td>${escape(e.state)}</td></tr>`
-            )
-            .join('') +
+        `<p class="hpcai-set">${escape(e.cluster_id)}: ${e.registered}/${e.engines} ${escape(e.state)}` +
+          (e.launcher ? ` (${escape(e.launcher)})` : '') +
+          ` <button class="hpcai-stacks-button" data-cluster="${escape(e.cluster_id)}"` +
+          ' title="Every rank\'s Python stack, identical ones grouped">Stacks</button></p>'
+      );
+      parts.push(
+        '<table class="hpcai-engines"><tr><th>rank</th><th>host</th><th>GPU</th><th>pid</th><th>state</th></tr>' +
+          e.ranks.map(r => this.rankRow(r)).join('') +
           '</table>'
       );
+      const stacks = this._stacks.get(e.cluster_id);
+      if (stacks !== undefined) {
+        parts.push(`<pre class="hpcai-stacks">${escape(stacks)}</pre>`);
+      }
     }
     this.node.innerHTML = parts.join('');
+    this.node.querySelectorAll<HTMLButtonElement>('.hpcai-stacks-button').forEach(button => {
+      button.onclick = () => void this.showStacks(button.dataset.cluster ?? '');
+    });
     this.tick();
+  }
+
+  /** Two rows per rank, to fit a narrow panel: who it is, then its telemetry with a sparkline. */
+  private rankRow(r: IRank): string {
+    const t = r.telemetry;
+    const flagged = !r.alive || t?.straggler ? ' hpcai-flagged' : '';
+    const who = [String(r.rank), r.host, r.gpu || '-', String(r.pid), r.alive ? 'running' : 'dead'];
+    let detail = escape('no telemetry yet');
+    if (t) {
+      const gpu = t.gpu_util === null ? 'GPU -' : `GPU ${t.gpu_util.toFixed(0)}% ${size(t.gpu_mem)}`;
+      const rate = t.rate === null ? '' : ` · ${t.rate.toFixed(1)}/s`;
+      const note = t.straggler ? ' · straggler' : t.fresh ? '' : ' · no recent sample';
+      const history = t.rate_history.length > 1 ? t.rate_history : t.cpu_history;
+      detail = `${escape(`CPU ${t.cpu.toFixed(0)}% · ${size(t.rss)} · ${gpu}${rate}${note}`)} ${sparkline(history)}`;
+    }
+    return (
+      `<tr class="hpcai-rank${flagged}">` +
+      who.map(c => `<td>${escape(c)}</td>`).join('') +
+      `</tr><tr class="hpcai-telemetry${flagged}"><td colspan="5">${detail}</td></tr>`
+    );
   }
 }
 

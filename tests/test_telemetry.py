@@ -1,0 +1,78 @@
+"""The telemetry sampler and its readers in this process (the ranks' side runs in test_engines.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from jupyter_hpcai.engines import telemetry
+from jupyter_hpcai.proc import wait_until
+
+
+def sample(rank: int, rates: list[float], at: float | None = None) -> telemetry.Sample:
+    return telemetry.Sample(rank, "n1", 100 + rank, time.time() if at is None else at, 2.0, 50.0, 2**30,
+                            rate=rates[-1] if rates else None, rate_history=rates)
+
+
+def test_a_sampler_writes_whole_samples_and_reports_the_rate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(telemetry, "_sampler", None)
+    telemetry.start_sampling({telemetry.FOLDER_VAR: str(tmp_path), telemetry.INTERVAL_VAR: "0.2"}, 3, "n2")
+    try:
+        first = wait_until(lambda: telemetry.read(tmp_path) or None, timeout=10, what="a first sample")[0]
+        assert (first.rank, first.host, first.rate, first.gpu_util) == (3, "n2", None, None)  # no steps, no GPU here
+        assert first.rss > 2**20 and first.fresh()
+        end = time.time() + 1
+        while time.time() < end:  # about 1000 items a second
+            telemetry.step(10)
+            time.sleep(0.01)
+        rated = wait_until(lambda: [s for s in telemetry.read(tmp_path) if s.rate is not None and s.rate > 100] or None,
+                           timeout=10, what="a sample with the rate")[0]
+        assert rated.rate < 2000 and len(rated.cpu_history) >= 2
+        assert json.loads((tmp_path / "telemetry-3.json").read_text())["rank"] == 3
+        assert telemetry.set_interval(0)  # off: the file goes and no new one comes
+        assert wait_until(lambda: not (tmp_path / "telemetry-3.json").exists(), timeout=5, what="the file to go")
+        time.sleep(telemetry.PAUSED_CHECK + 0.5)
+        assert telemetry.read(tmp_path) == []
+    finally:
+        telemetry.set_interval(0)
+
+
+def test_set_interval_without_a_sampler_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(telemetry, "_sampler", None)
+    assert telemetry.set_interval(1.0) is False
+
+
+def test_stragglers_are_judged_on_recent_rates_against_the_median() -> None:
+    steady = [sample(r, [100.0] * 5) for r in (0, 2, 3)]
+    assert telemetry.stragglers([*steady, sample(1, [100.0, 100.0, 100.0, 100.0, 10.0])]) == set()  # one slow sample
+    assert telemetry.stragglers([*steady, sample(1, [40.0] * 5)]) == {1}
+    assert telemetry.stragglers([*steady, sample(1, [40.0] * 5)], ratio=0.3) == set()
+    assert telemetry.stragglers([sample(0, [100.0]), sample(1, [])]) == set()  # one rank reporting: no median
+    assert telemetry.stragglers([sample(0, [0.0]), sample(1, [0.0])]) == set()  # all stopped: nobody is slower
+
+
+def test_rows_say_what_is_blank_stale_or_slow() -> None:
+    rows = telemetry.rows([*(sample(r, [100.0] * 5) for r in (0, 2)), sample(1, [20.0] * 5),
+                           sample(3, [100.0] * 5, at=time.time() - 60)])
+    by_rank = {row[0]: row for row in rows}
+    assert by_rank["0"][2:] == ("50", "1.0 GiB", "-", "-", "100.0", "")
+    assert by_rank["1"][-1].startswith("straggler")
+    assert by_rank["3"][-1] == "no sample for 60 s"
+
+
+def test_read_skips_what_is_not_a_sample(tmp_path: Path) -> None:
+    (tmp_path / "telemetry-0.json").write_text("{half")
+    (tmp_path / "telemetry-1.json").write_text(json.dumps({"rank": 1}))
+    good = sample(2, [5.0])
+    (tmp_path / "telemetry-2.json").write_text(json.dumps(good.__dict__))
+    assert [s.rank for s in telemetry.read(tmp_path)] == [2]
+
+
+def test_the_straggler_share_is_a_setting() -> None:
+    assert telemetry.straggler_share({}) == 0.67
+    assert telemetry.straggler_share({telemetry.STRAGGLER_VAR: "0.5"}) == 0.5
+    for bad in ("half", "0", "1.5", "-1"):  # not a share: the default, not an error in every refresh
+        assert telemetry.straggler_share({telemetry.STRAGGLER_VAR: bad}) == 0.67
