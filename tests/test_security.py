@@ -268,6 +268,7 @@ security = os.path.join(c.profile_dir, "security")
 client = json.load(open(os.path.join(security, f"ipcontroller-{c.cluster_id}-client.json")))
 print("PROBE " + json.dumps({"connection": get_connection_file(), "security": security,
                              "cluster_files": sorted(glob.glob(security + "/*")), "client": client,
+                             "set_folder": str(E.current().folder), "set_files": sorted(glob.glob(f"{E.current().folder}/*")),
                              "token": os.environ["JUPYTERHUB_API_TOKEN"], "job": os.environ["SLURM_JOB_ID"]}))
 """
 
@@ -294,6 +295,7 @@ def alice(hub: Hub, bob: str) -> Iterator[dict]:  # type: ignore[type-arg]
 def test_bob_cannot_read_alices_files(alice: dict, bob: str) -> None:  # type: ignore[type-arg]
     files = {"kernel connection file": alice["connection"],
              **{f"ipyparallel file {Path(f).name}": f for f in alice["cluster_files"]},
+             **{f"engine set file {Path(f).name} (rank output, rank table)": f for f in alice["set_files"]},
              "job log": str(_home(USER) / f"jupyterhub_slurmspawner_{alice['job']}.log")}
     for what, path in files.items():
         mode = stat.S_IMODE(os.stat(path).st_mode)
@@ -302,6 +304,10 @@ def test_bob_cannot_read_alices_files(alice: dict, bob: str) -> None:  # type: i
                f"mode {mode:o}: {read.stderr.strip()[:100]}")
     listing = as_user(bob, "ls", "--", alice["security"])
     attack("bob lists alice's ipyparallel security folder", listing.returncode != 0, listing.stderr.strip()[:100])
+    assert len(alice["set_files"]) >= 2, alice["set_files"]  # each rank's output file and the rank table
+    listing = as_user(bob, "ls", "--", alice["set_folder"])
+    attack("bob lists alice's engine set folder (rank output, telemetry)", listing.returncode != 0,
+           listing.stderr.strip()[:100])
 
 
 def test_bob_cannot_read_alices_env_logs(bob: str, readable_tmp: Path) -> None:

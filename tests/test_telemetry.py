@@ -76,3 +76,36 @@ def test_the_straggler_share_is_a_setting() -> None:
     assert telemetry.straggler_share({telemetry.STRAGGLER_VAR: "0.5"}) == 0.5
     for bad in ("half", "0", "1.5", "-1"):  # not a share: the default, not an error in every refresh
         assert telemetry.straggler_share({telemetry.STRAGGLER_VAR: bad}) == 0.67
+
+
+def test_the_torch_hook_counts_each_forward_pass_by_its_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(telemetry, "_steps", 0)
+
+    class Batch:
+        shape = (16, 3, 32, 32)
+
+    class Module:  # what torch_hook needs of an nn.Module (the torch env's own test trains with it)
+        hooks: list = []
+
+        def register_forward_hook(self, hook):  # type: ignore[no-untyped-def]
+            self.hooks.append(hook)
+            return "handle"
+
+    module = Module()
+    assert telemetry.torch_hook(module) == "handle"
+    for _ in range(3):
+        module.hooks[0](module, (Batch(),), None)
+    assert telemetry._steps == 48
+
+
+@pytest.mark.slurm
+def test_the_keras_callback_counts_each_batch(tf_env) -> None:  # type: ignore[no-untyped-def]
+    """In the TensorFlow env: model.fit with the callback reports batch size x batches."""
+    import subprocess
+
+    code = ("import numpy as np, tensorflow as tf\nfrom jupyter_hpcai.engines import telemetry\n"
+            "m = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])\nm.compile('sgd', 'mse')\n"
+            "m.fit(np.zeros((40, 4)), np.zeros(40), batch_size=8, epochs=2, verbose=0,"
+            " callbacks=[telemetry.keras_callback(8)])\nprint('steps', telemetry._steps)")
+    out = subprocess.run([str(tf_env.current_link / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=300)
+    assert "steps 80" in out.stdout, out.stderr[-2000:]

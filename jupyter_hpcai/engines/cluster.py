@@ -163,15 +163,16 @@ class Engines:
         self.timeline = timeline = Timeline()
         job = self.allocation.job_id if self.allocation else "local"
         cluster_id = f"hpcai-{job}-{os.getpid()}-{next(_start_ids)}"  # never a previous start's files
-        self.folder = listing.create_set_folder(cluster_id)
-        command = self.command(layout, self.folder)
         config = Config()
         config.RankSetLauncher.launcher = layout.launcher
-        config.RankSetLauncher.command = command
         self.cluster = cluster = ipp.Cluster(
             n=layout.n, engine_launcher_class=RankSetLauncher, controller_ip=controller_ip(self.allocation),
             cluster_id=cluster_id, config=config, engine_timeout=int(timeout), log_level=40,
             controller_args=CONTROLLER_ARGS, send_engines_connection_env=False)
+        # the set's folder sits in the profile, which every node reads already (the connection file); the
+        # command names it, so it is set once the cluster knows its profile (the engine set reads the cluster's config)
+        self.folder = listing.create_set_folder(Path(cluster.profile_dir), cluster_id)
+        cluster.config.RankSetLauncher.command = self.command(layout, self.folder)
         connection_file = Path(cluster.profile_dir) / "security" / f"ipcontroller-{cluster_id}-engine.json"
         self.layout, self.warm = layout, warm
         cluster.start_controller_sync()

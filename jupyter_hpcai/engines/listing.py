@@ -1,9 +1,11 @@
 """The engine sets this user's kernels started, for the server extension (the side panel).
 
-Each set has a private folder, ``<jupyter runtime dir>/hpcai-ranks/<cluster id>/`` (mode 700), made by the
-kernel's ``Engines`` at start and removed at stop: each rank's output (``rank-N.log``), its telemetry
-(``telemetry-N.json``, telemetry.py) and the rank table (``ranks.json``: who each rank is, the launcher).
-The controller's state comes from ipyparallel's own cluster files.
+Each set has a private folder in the ipyparallel profile it runs in, ``<profile>/hpcai-ranks/<cluster id>/``
+(mode 700; every node reads the profile already, for the controller's connection file, so the ranks can
+write there wherever they run), made by the kernel's ``Engines`` at start and removed at stop: each rank's
+output (``rank-N.log``), its telemetry (``telemetry-N.json``, telemetry.py) and the rank table
+(``ranks.json``: who each rank is, the launcher). The controller's state comes from ipyparallel's own
+cluster files.
 """
 
 from __future__ import annotations
@@ -14,8 +16,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-from jupyter_core.paths import jupyter_runtime_dir
-
 from ..errors import HPCAIError
 from . import telemetry
 
@@ -23,13 +23,13 @@ RANK_TABLE = "ranks.json"
 SET_ID = re.compile(r"hpcai-[\w.-]+")  # Engines' cluster ids: never a path
 
 
-def sets_root() -> Path:
-    return Path(jupyter_runtime_dir()) / "hpcai-ranks"
+def set_folder(profile_dir: Path, cluster_id: str) -> Path:
+    return profile_dir / "hpcai-ranks" / cluster_id
 
 
-def create_set_folder(cluster_id: str) -> Path:
+def create_set_folder(profile_dir: Path, cluster_id: str) -> Path:
     """The set's folder and its missing parents, readable by this user only."""
-    path = sets_root() / cluster_id
+    path = set_folder(profile_dir, cluster_id)
     for folder in reversed([path, *path.parents]):
         if not folder.exists():
             folder.mkdir(mode=0o700)
@@ -43,12 +43,20 @@ def write_rank_table(folder: Path, launcher: str, ranks: list[dict[str, Any]], c
     os.replace(partial, folder / RANK_TABLE)
 
 
-def read_rank_table(cluster_id: str) -> dict[str, Any] | None:
+def read_rank_table(folder: Path) -> dict[str, Any] | None:
     """A set's rank table, or None before its ranks registered (or after it stopped)."""
     try:
-        return json.loads((sets_root() / cluster_id / RANK_TABLE).read_text())
+        return json.loads((folder / RANK_TABLE).read_text())
     except (OSError, ValueError):
         return None
+
+
+def _hpcai_clusters() -> dict[str, Any]:
+    """This user's engine sets as ipyparallel knows them, by cluster id."""
+    import ipyparallel as ipp
+
+    clusters = ipp.ClusterManager().load_clusters().values()
+    return {c.cluster_id: c for c in clusters if SET_ID.fullmatch(c.cluster_id)}
 
 
 def stacks(cluster_id: str, native: bool = False) -> list[dict[str, Any]]:
@@ -57,7 +65,8 @@ def stacks(cluster_id: str, native: bool = False) -> list[dict[str, Any]]:
     from .launch import LAUNCHERS
     from .stacks import collect, container_refusal
 
-    table = read_rank_table(cluster_id) if SET_ID.fullmatch(cluster_id) else None
+    cluster = _hpcai_clusters().get(cluster_id)
+    table = read_rank_table(set_folder(Path(cluster.profile_dir), cluster_id)) if cluster else None
     if table is None:
         raise HPCAIError(f"no running engine set '{cluster_id}'", "start the engines in a notebook: %hpc start")
     if table["container"]:
@@ -70,12 +79,8 @@ def stacks(cluster_id: str, native: bool = False) -> list[dict[str, Any]]:
 def list_engine_sets(connect_timeout: float = 2.0) -> list[dict[str, Any]]:
     """Each hpcai engine set: cluster id, engines asked for and registered, launcher, controller state, and
     each rank (rank, host, GPU, pid, alive) with its latest telemetry."""
-    import ipyparallel as ipp
-
     sets = []
-    for key, cluster in ipp.ClusterManager().load_clusters().items():
-        if not cluster.cluster_id.startswith("hpcai-"):
-            continue
+    for cluster in _hpcai_clusters().values():
         asked = sum(es.n or 0 for es in cluster.engines.values())
         registered: set[int] = set()
         controller_running = bool(cluster.controller and cluster.controller.state == "running")
@@ -86,12 +91,13 @@ def list_engine_sets(connect_timeout: float = 2.0) -> list[dict[str, Any]]:
                 client.close()
             except Exception:  # a controller that stopped answering counts as not running
                 controller_running = False
-        table = read_rank_table(cluster.cluster_id) or {}
-        samples = {row["rank"]: row for row in telemetry.summary(telemetry.read(sets_root() / cluster.cluster_id))}
+        folder = set_folder(Path(cluster.profile_dir), cluster.cluster_id)
+        table = read_rank_table(folder) or {}
+        samples = {row["rank"]: row for row in telemetry.summary(telemetry.read(folder))}
         ranks = [{**rank, "alive": controller_running and rank["engine_id"] in registered,
                   "telemetry": samples.get(rank["rank"])} for rank in table.get("ranks", [])]
         launcher = next(iter(cluster.engines.values()), None)
-        sets.append({"cluster_id": cluster.cluster_id, "key": key, "engines": asked, "registered": len(registered),
+        sets.append({"cluster_id": cluster.cluster_id, "engines": asked, "registered": len(registered),
                      "launcher": (getattr(launcher, "launcher", "") or type(launcher).__name__) if launcher else None,
                      "state": "running" if controller_running and registered else "stopped", "ranks": ranks})
     return sets

@@ -5,8 +5,8 @@ its engine set's private folder every ``HPCAI_TELEMETRY_INTERVAL`` seconds (2 by
 and ``set_interval`` changes it on running ranks):
 CPU %, RSS, the GPU's utilisation and memory through NVML (nvidia-ml-py; blank where no GPU or driver is
 there), and the training rate when the user's code reports its steps (``step``, ``keras_callback``,
-``torch_hook``). The thread holds the GIL for well under a millisecond per sample and keeps sampling while the
-rank's main thread waits inside a collective. Readers (``%hpc top``, the ClusterPanel, the side panel through
+``torch_hook``). A sample takes about half a millisecond here (more on a loaded node: the benchmark prints
+it), and the thread keeps sampling while the rank's main thread waits inside a collective. Readers (``%hpc top``, the ClusterPanel, the side panel through
 the server extension) only read the files: nothing talks to the ranks, so a busy rank is never asked.
 """
 
