@@ -150,6 +150,7 @@ class AllocationPanel extends Widget {
   private _deadline = 0; // ms since epoch when the walltime ends
   private _warned = false;
   private _timers: number[] = [];
+  private _refreshing = false;
 
   constructor() {
     super();
@@ -171,6 +172,10 @@ class AllocationPanel extends Widget {
   }
 
   async refresh(): Promise<void> {
+    if (this._refreshing) {
+      return; // a slow server: the next tick asks again, requests never pile up
+    }
+    this._refreshing = true;
     try {
       this._allocation = await requestJSON<IAllocation>('hpcai/api/allocation');
       this._engines = (await requestJSON<{ engine_sets: IEngineSet[] }>('hpcai/api/engines')).engine_sets;
@@ -179,6 +184,8 @@ class AllocationPanel extends Widget {
       this._error = '';
     } catch (err) {
       this._error = describeFailure(err);
+    } finally {
+      this._refreshing = false;
     }
     this.render();
   }
