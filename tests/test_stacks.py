@@ -3,12 +3,14 @@ elsewhere. The files are named as ipykernel names its cells, so their frames cou
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from jupyter_hpcai.engines import stacks
+from jupyter_hpcai.engines.engine import host_name
 
 CELL = """import time
 def wait_here():
@@ -29,7 +31,7 @@ def test_identical_stacks_are_grouped_and_the_odd_rank_stands_apart(tmp_path: Pa
         procs.append(subprocess.Popen([sys.executable, str(cell), role]))
     try:
         time.sleep(1.5)  # past the imports, into the sleeps
-        here = stacks.this_host()
+        here = host_name(os.environ)
         done = subprocess.run([sys.executable, "-m", "jupyter_hpcai.engines.stacks",
                                ",".join(f"{here}={p.pid}" for p in procs) + ",elsewhere=1"],
                               capture_output=True, text=True, timeout=120)

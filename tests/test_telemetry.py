@@ -19,7 +19,8 @@ def sample(rank: int, rates: list[float], at: float | None = None) -> telemetry.
 
 def test_a_sampler_writes_whole_samples_and_reports_the_rate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(telemetry, "_sampler", None)
-    telemetry.start_sampling({telemetry.FOLDER_VAR: str(tmp_path), telemetry.INTERVAL_VAR: "0.2"}, 3, "n2")
+    telemetry.start_sampling({telemetry.FOLDER_VAR: str(tmp_path), telemetry.INTERVAL_VAR: "0.2",
+                              "SLURM_PROCID": "3", "SLURMD_NODENAME": "n2"})
     try:
         first = wait_until(lambda: telemetry.read(tmp_path) or None, timeout=10, what="a first sample")[0]
         assert (first.rank, first.host, first.rate, first.gpu_util) == (3, "n2", None, None)  # no steps, no GPU here

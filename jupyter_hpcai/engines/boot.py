@@ -1,8 +1,8 @@
 """What every rank runs (``python -m jupyter_hpcai.engines.boot``, whichever launcher started it).
 
 In order: pin the rank to one GPU and its thread counts (engine.pin), point the transports at its node's
-interface (network.py), start its telemetry sampler (telemetry.py), start initialising the framework the kernel named (``HPCAI_WARM``) in a thread,
-then run the ipyparallel engine: importing it, waiting for the controller's connection file (the kernel
+interface (network.py), start its telemetry sampler (telemetry.py), start initialising the framework the
+kernel named (``HPCAI_WARM``) in a thread, then run the ipyparallel engine: importing it, waiting for the controller's connection file (the kernel
 starts the controller and the ranks side by side) and registering overlap the framework's import and init.
 """
 
@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
 
 from .. import network
 from . import rankside, telemetry
-from .engine import RANK_VARS, first_int, pin
+from .engine import pin
 from .frameworks import FRAMEWORKS
 
 
@@ -49,8 +48,7 @@ def main() -> None:
     rankside.mark("python")
     pin(os.environ, len(os.sched_getaffinity(0)))
     network.join_node_network(os.environ)
-    telemetry.start_sampling(os.environ, first_int(os.environ, RANK_VARS, -1),
-                             os.environ.get("SLURMD_NODENAME") or socket.gethostname())
+    telemetry.start_sampling(os.environ)
     if warm := os.environ.get("HPCAI_WARM"):
         rankside.start_booting(FRAMEWORKS[warm])
     from ipyparallel.engine.app import main as engine_main

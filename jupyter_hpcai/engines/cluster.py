@@ -140,9 +140,7 @@ class Engines:
         FRAMEWORKS, "auto" (the env's: Horovod, else torch) or None (only on first use).
         ``telemetry_interval``: seconds between the ranks' telemetry samples (0: off).
         """
-        if telemetry_interval < 0:
-            raise HPCAIError(f"the telemetry interval must be 0 (off) or more seconds, not {telemetry_interval:g}")
-        self.telemetry_interval = telemetry_interval
+        self.telemetry_interval = telemetry.checked_interval(telemetry_interval)
         layout = plan(self.allocation, n=n, nodes=nodes, gpus_per_node=gpus_per_node, launcher=launcher)
         warm = default_framework() if framework == "auto" else framework
         if warm is not None and warm not in FRAMEWORKS:
@@ -280,9 +278,7 @@ class Engines:
 
     def set_telemetry(self, interval: float) -> None:
         """Sample every ``interval`` seconds on every rank from now on (0: off), the ranks staying as they are."""
-        if interval < 0:
-            raise HPCAIError(f"the telemetry interval must be 0 (off) or more seconds, not {interval:g}")
-        self.view().apply_sync(telemetry.set_interval, interval)
+        self.view().apply_sync(telemetry.set_interval, telemetry.checked_interval(interval))
         self.telemetry_interval = interval
 
     def samples(self) -> list[telemetry.Sample]:
@@ -333,8 +329,8 @@ class Engines:
             raise HPCAIError("no engines are running", "start them: %hpc start")
         if ContainerLaunch.from_env(os.environ) is not None:
             raise rank_stacks.container_refusal()
-        on_nodes = LAUNCHERS[self.layout.launcher].on_nodes(sorted({r.host for r in self.ranks}))
-        return rank_stacks.collect([(r.rank, r.host, r.pid) for r in self.ranks], on_nodes, native, timeout)
+        return rank_stacks.collect([(r.rank, r.host, r.pid) for r in self.ranks],
+                                   LAUNCHERS[self.layout.launcher].on_nodes, native, timeout)
 
     # --- frameworks ---------------------------------------------------------------------------------------
     def preflight(self, framework: str) -> dict[int, dict[str, Any]]:

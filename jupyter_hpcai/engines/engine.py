@@ -3,11 +3,17 @@ its thread counts before anything else runs (boot.py calls it first)."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping, MutableMapping
 
 RANK_VARS = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "HPCAI_RANK")
 LOCAL_RANK_VARS = ("SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "HPCAI_LOCAL_RANK")
 LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "HPCAI_LOCAL_SIZE")
+
+
+def host_name(env: Mapping[str, str]) -> str:
+    """The node's name as every rank and helper reports it: Slurm's name for it, else the host name."""
+    return env.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def first_int(env: Mapping[str, str], names: tuple[str, ...], default: int) -> int:

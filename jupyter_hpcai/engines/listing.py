@@ -72,7 +72,7 @@ def stacks(cluster_id: str, native: bool = False) -> list[dict[str, Any]]:
     if table["container"]:
         raise container_refusal()
     ranks = [(r["rank"], r["host"], r["pid"]) for r in table["ranks"]]
-    groups = collect(ranks, LAUNCHERS[table["launcher"]].on_nodes(sorted({h for _, h, _ in ranks})), native)
+    groups = collect(ranks, LAUNCHERS[table["launcher"]].on_nodes, native)
     return [{"ranks": list(g.ranks), "headline": g.headline(len(ranks)), "text": g.render(len(ranks))} for g in groups]
 
 

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 from ..network import LOOPBACK
-from .engine import LOCAL_RANK_VARS, RANK_VARS, first_int
+from .engine import LOCAL_RANK_VARS, RANK_VARS, first_int, host_name
 
 Handles = tuple[dict[str, Any], dict[str, Any]]  # (names for the cell namespace, what to report)
 
@@ -63,7 +63,7 @@ def rank_info(distributions: list[str] | None = None) -> dict[str, Any]:
     """Who this engine is: rank, local rank, host, its address (boot.py set it), GPU, pid; the versions the
     preflight compares and when its boot phases ended."""
     return {"rank": first_int(os.environ, RANK_VARS, -1), "local_rank": first_int(os.environ, LOCAL_RANK_VARS, 0),
-            "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+            "host": host_name(os.environ),
             "addr": os.environ.get("HPCAI_NODE_ADDR", LOOPBACK), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
             "pid": os.getpid(), "versions": versions(distributions or []), "timeline": dict(timeline)}
 

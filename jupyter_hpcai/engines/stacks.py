@@ -13,15 +13,16 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import HPCAIError
 from ..proc import run
+from .engine import host_name
 
 CELL_FILE = re.compile(r"ipykernel_\d+/\d+\.py$")  # where IPython compiles a cell (ipykernel's compiler)
 PTRACE_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
@@ -98,11 +99,11 @@ def container_refusal() -> HPCAIError:
                       "use an env that is a built prefix to read the ranks' stacks")
 
 
-def collect(ranks: list[tuple[int, str, int]], on_nodes: list[str], native: bool = False,
+def collect(ranks: list[tuple[int, str, int]], on_nodes: Callable[[list[str]], list[str]], native: bool = False,
             timeout: float = 60) -> list[StackGroup]:
     """The stacks of ``ranks`` (rank, host, pid), grouped: this module runs once on every host, started by
-    ``on_nodes`` (the launcher's way onto the ranks' nodes: a srun step inside the job, nothing outside)."""
-    argv = [*on_nodes, sys.executable, "-m", __name__, ",".join(f"{host}={pid}" for _, host, pid in ranks),
+    ``on_nodes(hosts)`` (the launcher's way onto the ranks' nodes: a srun step inside the job, nothing outside)."""
+    argv = [*on_nodes(sorted({host for _, host, _ in ranks})), sys.executable, "-m", __name__, ",".join(f"{host}={pid}" for _, host, pid in ranks),
             *(["--native"] * native)]
     found = parse(run(argv, timeout=timeout, check=False).stdout)
     return group({rank: found.get(pid, f"no answer from {host}") for rank, host, pid in ranks})
@@ -148,11 +149,6 @@ def dump(pid: int, native: bool = False, timeout: float = 30) -> tuple[Frame, ..
     return main_thread(json.loads(done.stdout), pid)
 
 
-def this_host() -> str:
-    """This node's name as the ranks report theirs (rankside.rank_info)."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-
-
 def main(argv: list[str] | None = None) -> None:
     """On a node: ``python -m jupyter_hpcai.engines.stacks HOST=PID,HOST=PID,... [--native]``: the stacks of the
     processes of this host, as one JSON line {pid: frames or error}. By host, not by what /proc shows: the nodes
@@ -161,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     native = "--native" in args
     pairs = [item.rpartition("=") for item in args[0].split(",") if item] if args else []
     found = {}
-    for pid in (int(pid) for host, _, pid in pairs if host == this_host()):
+    for pid in (int(pid) for host, _, pid in pairs if host == host_name(os.environ)):
         stack = dump(pid, native)
         found[pid] = stack if isinstance(stack, str) else [[f.name, f.file, f.line] for f in stack]
     print(json.dumps(found), flush=True)

@@ -2,12 +2,12 @@
 
 Each rank (boot.py) runs a sampler thread that writes one small JSON file, ``telemetry-<rank>.json``, into
 its engine set's private folder every ``HPCAI_TELEMETRY_INTERVAL`` seconds (2 by default; 0 turns it off,
-and ``set_interval`` changes it on running ranks):
-CPU %, RSS, the GPU's utilisation and memory through NVML (nvidia-ml-py; blank where no GPU or driver is
+and ``set_interval`` changes it on running ranks): CPU %, RSS, the GPU's utilisation and memory through NVML (nvidia-ml-py; blank where no GPU or driver is
 there), and the training rate when the user's code reports its steps (``step``, ``keras_callback``,
 ``torch_hook``). A sample takes about half a millisecond here (more on a loaded node: the benchmark prints
-it), and the thread keeps sampling while the rank's main thread waits inside a collective. Readers (``%hpc top``, the ClusterPanel, the side panel through
-the server extension) only read the files: nothing talks to the ranks, so a busy rank is never asked.
+it), and the thread keeps sampling while the rank's main thread waits inside a collective. Readers
+(``%hpc top``, the ClusterPanel, the side panel through the server extension) only read the files: nothing
+talks to the ranks, so a busy rank is never asked.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ..errors import HPCAIError
+from .engine import RANK_VARS, first_int, host_name
 
 FOLDER_VAR = "HPCAI_RANK_FOLDER"  # the engine set's private folder (Engines.folder)
 INTERVAL_VAR = "HPCAI_TELEMETRY_INTERVAL"
@@ -157,6 +160,13 @@ class Sampler(threading.Thread):
             self._done.set()
 
 
+def checked_interval(seconds: float) -> float:
+    """``seconds`` as a sampling interval, or the error that says what is allowed."""
+    if seconds < 0:
+        raise HPCAIError(f"the telemetry interval must be 0 (off) or more seconds, not {seconds:g}")
+    return seconds
+
+
 def interval(environ: Mapping[str, str]) -> float:
     """The sampling interval the kernel asked for (0: telemetry off)."""
     try:
@@ -168,12 +178,13 @@ def interval(environ: Mapping[str, str]) -> float:
 _sampler: Sampler | None = None  # this rank's, when it is a rank
 
 
-def start_sampling(environ: Mapping[str, str], rank: int, host: str) -> None:
+def start_sampling(environ: Mapping[str, str]) -> None:
     """At boot: the rank's sampler, when the kernel gave the set a folder (idle while the interval is 0)."""
     global _sampler
     folder = environ.get(FOLDER_VAR)
     if folder and Path(folder).is_dir():
-        _sampler = Sampler(Path(folder), rank, host, interval(environ), environ)
+        rank = first_int(environ, RANK_VARS, -1)
+        _sampler = Sampler(Path(folder), rank, host_name(environ), interval(environ), environ)
         _sampler.start()
 
 
