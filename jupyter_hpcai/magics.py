@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import html
 import os
 import shlex
@@ -60,6 +61,7 @@ def _share(text: str) -> float:
     return value
 
 
+@functools.cache
 def hpc_parser() -> _Parser:
     parser = _Parser(prog="%hpc", add_help=True)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -86,6 +88,7 @@ def hpc_parser() -> _Parser:
     return parser
 
 
+@functools.cache
 def run_parser(prog: str, script: bool = False) -> _Parser:
     """Options of %%horovod_run / %%torchrun; the line forms take a script and its arguments after them."""
     parser = _Parser(prog=prog, add_help=True)

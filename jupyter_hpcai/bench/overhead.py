@@ -4,8 +4,8 @@
 - time to N Horovod-ready engines, alternating, each at least 3 times: a bare ``srun ... hvd.init()`` (the
   floor), ipyparallel's own MPI launcher through srun plus ``hvd.init()`` on every engine (what a user would
   pick instead of us), and ours (``%hpc start`` + the first ``%%horovod_run``), with where our time goes;
-- empty-cell dispatch on the same engines, ``Engines.run`` (what %%horovod_run does) / ``view.execute``
-  (``%%px --block``), alternating.
+- empty-cell dispatch on the same engines: the ``%%horovod_run`` magic / ipyparallel's ``%%px --block`` magic,
+  both run by one IPython shell in this process, alternating.
 The hub's spawn-to-ready against sbatch-to-RUNNING needs a hub: the spawner tests print it.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..allocation import Allocation
-from ..engines import Engines, Layout, plan
+from ..engines import Engines, Layout, current, plan
 from ..engines.cluster import controller_ip
 from ..proc import run
 
@@ -102,10 +102,10 @@ def ipyparallel_mpi(allocation: Allocation, layout: Layout) -> float:
     return took
 
 
-def ours(allocation: Allocation, layout: Layout) -> tuple[float, Engines, dict[str, float]]:
+def ours(layout: Layout) -> tuple[float, Engines, dict[str, float]]:
     """Seconds to N Horovod-ready engines as a user gets them (``%hpc start``, the first ``%%horovod_run``);
     the engines, still running, and where the time went."""
-    engines = Engines(allocation)
+    engines = current()  # the process's engines, which the magics act on
     start = time.perf_counter()
     engines.start(n=layout.n, nodes=layout.nodes, gpus_per_node=layout.per_node)
     engines.run("pass", framework="horovod", write=lambda text: None)
@@ -114,6 +114,31 @@ def ours(allocation: Allocation, layout: Layout) -> tuple[float, Engines, dict[s
     engines.timeline.mark("first %%horovod_run done (Horovod ready)")
     engines.timeline.ranks_reached(engines.boot_timelines())
     return took, engines, dict(sorted(engines.timeline.phases.items(), key=lambda item: item[1]))
+
+
+def magic_dispatch(engines: Engines, times: int) -> dict[str, list[float]]:
+    """Seconds per empty cell through each magic as a notebook runs it (an IPython shell here, its output
+    swallowed): ``%%horovod_run`` on this process's engines (``engines``) and ``%%px --block`` on the same
+    engines, alternating in swapped order."""
+    import contextlib
+    import io
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from .. import magics
+
+    shell = InteractiveShell.instance()
+    magics.load(shell)
+    engines.view().activate()  # registers %%px on the shell
+    samples: dict[str, list[float]] = {"ours": [], "px": []}
+    with contextlib.redirect_stdout(io.StringIO()):
+        for i in range(times):
+            pair = [("ours", ("horovod_run", "", "pass")), ("px", ("px", "--block", "pass"))]
+            for name, args in pair if i % 2 else pair[::-1]:  # each first in half the rounds
+                start = time.perf_counter()
+                shell.run_cell_magic(*args)
+                samples[name].append(time.perf_counter() - start)
+    return samples
 
 
 def engines_overhead(allocation: Allocation, n: int | None = None, times: int = 3,
@@ -127,21 +152,14 @@ def engines_overhead(allocation: Allocation, n: int | None = None, times: int = 
     for i in range(times):
         samples["bare_srun"].append(bare_srun(layout))
         samples["ipyparallel_mpi"].append(ipyparallel_mpi(allocation, layout))
-        took, engines, breakdown = ours(allocation, layout)
+        took, engines, breakdown = ours(layout)
         samples["ours"].append(took)
         breakdowns.append(breakdown)
         if i < times - 1:
             engines.stop()
     assert engines is not None
-    dispatch: dict[str, list[float]] = {"ours": [], "px": []}
     try:
-        view = engines.view()
-        for _ in range(dispatches):
-            for name, action in (("ours", lambda: engines.run("pass", write=lambda text: None)),
-                                 ("px", lambda: view.execute("pass", block=True))):
-                start = time.perf_counter()
-                action()
-                dispatch[name].append(time.perf_counter() - start)
+        dispatch = magic_dispatch(engines, dispatches)
     finally:
         engines.stop()
     median_run = sorted(range(times), key=lambda k: samples["ours"][k])[times // 2]
