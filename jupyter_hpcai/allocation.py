@@ -6,9 +6,14 @@ import datetime as dt
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from . import slurm
+
+JOB_STATE_VAR = "HPCAI_JOB_STATE"  # the notebook job's private folder; its batch script makes it (spawner/script.py)
+WARNING_VAR = "HPCAI_WALLTIME_WARNING"  # seconds before the walltime at which Slurm signals the job
+SIGNAL_MARK = "walltime"  # the file the batch shell writes when Slurm's signal comes: the time it came
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ class Allocation:
         data = asdict(self)
         data["end_time"] = self.end_time.isoformat() if self.end_time else None
         data["seconds_left"] = self.seconds_left()
+        data["walltime_signal"], data["walltime_warning"] = walltime_signal(), walltime_warning()
         return data
 
 
@@ -75,3 +81,21 @@ def _end_time(job_id: str, env: Mapping[str, str]) -> dt.datetime | None:
         return dt.datetime.fromisoformat(end)
     except ValueError:  # "Unknown", or no record
         return None
+
+
+def walltime_signal(environ: Mapping[str, str] | None = None) -> float | None:
+    """When Slurm's walltime signal reached this job (its batch shell wrote the time down), or None: not yet,
+    or not a notebook job that asked for one."""
+    folder = (os.environ if environ is None else environ).get(JOB_STATE_VAR)
+    if not folder:
+        return None
+    try:
+        return float((Path(folder) / SIGNAL_MARK).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def walltime_warning(environ: Mapping[str, str] | None = None) -> int:
+    """Seconds before the walltime at which the job is signalled (0: it is not)."""
+    value = (os.environ if environ is None else environ).get(WARNING_VAR, "")
+    return int(value) if value.isdigit() else 0

@@ -14,11 +14,13 @@ from typing import Any
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
 from . import engines as engines_api
+from . import guard, hubapi
 from .engines import telemetry
 from .engines.frameworks import FRAMEWORKS
 from .engines.launch import LAUNCHERS
 from .engines.output import OUTPUT_MODES
 from .errors import HPCAIError
+from .slurm import parse_duration
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,6 +56,18 @@ def _interval(text: str) -> float:
     return value
 
 
+def _duration(text: str) -> int:
+    """30m, 2h, or Slurm's time format, in seconds."""
+    unit = {"m": 60, "h": 3600}.get(text[-1:].lower())
+    try:
+        seconds = int(text[:-1]) * unit if unit else parse_duration(text)
+    except ValueError:
+        seconds = None
+    if not seconds or seconds < 60:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration of a minute or more (30m, 2h or HH:MM:SS)")
+    return seconds
+
+
 def _share(text: str) -> float:
     value = float(text) if text.replace(".", "", 1).isdigit() else -1
     if not 0 < value < 1:
@@ -85,6 +99,12 @@ def hpc_parser() -> _Parser:
     sampling.add_argument("seconds", type=_interval, help="seconds between samples (0: off)")
     stacks = sub.add_parser("stacks", help="every rank's Python stack, identical ones grouped (py-spy)")
     stacks.add_argument("--native", action="store_true", help="with the C frames")
+    checkpoint = sub.add_parser("checkpoint", help="run the ranks' walltime hooks (hpc.on_walltime) now")
+    checkpoint.add_argument("path", nargs="?", help="where hpc.Checkpoint saves go this time (default: each one's own)")
+    more = sub.add_parser("extend", help="more walltime for this notebook job, within the site's policy")
+    more.add_argument("duration", type=_duration, help="how much more: 30m, 2h or Slurm's HH:MM:SS")
+    restore = sub.add_parser("restore", help="every hpc.Checkpoint on the ranks loads its latest save")
+    restore.add_argument("path", nargs="?", help="the folder to load from (default: each one's own)")
     return parser
 
 
@@ -119,7 +139,7 @@ class HPCMagics(Magics):  # type: ignore[misc]
     def hpc(self, line: str) -> Any:
         """%hpc start [-n N] [--nodes K] [--gpus-per-node G] [--launcher srun|mpirun|local] [--framework F]
         [--telemetry S] | stop | restart | status | top [--for S] [--straggler SHARE] | telemetry S | stacks [--native]
-        | panel"""
+        | checkpoint [PATH] | restore [PATH] | extend DURATION | panel"""
         args = parse(hpc_parser(), line)
         engines = engines_api.current()
         if args.command == "start":
@@ -148,6 +168,13 @@ class HPCMagics(Magics):  # type: ignore[misc]
             print(f"telemetry every {args.seconds:g} s on every rank" if args.seconds else "telemetry off")
         elif args.command == "top":
             _top(engines, args.duration, args.straggler)
+        elif args.command == "checkpoint":
+            print(guard.report(engines.checkpoint(args.path)), end="")
+        elif args.command == "extend":
+            granted = hubapi.extend(args.duration)
+            print(f"Slurm job {granted['job_id']} extended: time limit {granted['time_limit']}, ends {granted['end_time']}")
+        elif args.command == "restore":
+            print(_restored(engines.restore(args.path)), end="")
         elif args.command == "panel":
             from .widgets import ClusterPanel
 
@@ -251,5 +278,23 @@ def _print_ranks(ranks: list[engines_api.Rank]) -> None:
         print(f"  {r.rank:>4}  {r.host:<12} {r.gpu or '-':<4} {r.pid:>8}  {'yes' if r.alive else 'NO (dead)'}")
 
 
+def _restored(reports: dict[int, dict[str, Any]]) -> str:
+    """What %hpc restore loaded, ranks with the same outcome on one line."""
+    lines: dict[str, list[int]] = {}
+    for rank, found in sorted(reports.items()):
+        words = (f"resumed at step {found['step']} from {', '.join(found['restored'])}" if found["restored"]
+                 else f"nothing restored: {found['missing']}")
+        lines.setdefault(words, []).append(rank)
+    return "".join(f"hpcai: ranks {guard.rank_ranges(ranks)}: {words}\n" for words, ranks in lines.items())
+
+
+_guard: guard.WalltimeGuard | None = None
+
+
 def load(ipython: Any) -> None:
+    """The magics, and the walltime guard (once per kernel)."""
+    global _guard
     ipython.register_magics(HPCMagics)
+    if _guard is None:
+        _guard = guard.WalltimeGuard(ipython, engines_api.current)
+        _guard.start()

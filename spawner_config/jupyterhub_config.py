@@ -46,6 +46,13 @@ c.HPCSlurmSpawner.profiles = [
 # Limits come from sinfo (nodes, GPUs per node, MaxTime); these only narrow them.
 c.HPCSlurmSpawner.limits = {"gpu": {"max_nodes": 8, "max_walltime": "1-00:00:00"}}
 c.HPCSlurmSpawner.partitions = ["gpu", "gpu-interactive"]
+# The walltime guard: Slurm signals each notebook job this many seconds before its walltime; the notebook and
+# the side panel warn, and the ranks' walltime hooks (hpc.on_walltime: a checkpoint) run. 0: off. A profile's
+# "walltime_warning" overrides it.
+c.HPCSlurmSpawner.walltime_warning = 600
+# %hpc extend and the side panel's Extend button: how long a notebook job may grow, per partition ("*": any
+# other), never past the partition's own limit. Left empty, nobody extends (the hub runs scontrol as root).
+# c.HPCSlurmSpawner.extend_max_walltime = {"gpu-interactive": "04:00:00"}
 # Environments offered in the form: left unset, every env the admins built into the site roots
 # (`hpcai env build RECIPE --site`; HPCAI_ENV_PATH or [envs] site_roots in /etc/jupyter-hpcai/config.toml).
 # c.HPCSlurmSpawner.environments = {"tf-horovod-nccl": "TensorFlow 2.15 + Horovod (NCCL)"}

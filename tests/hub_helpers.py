@@ -6,6 +6,7 @@ import secrets
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from jupyter_helpers import free_port
 from jupyter_hpcai.demo import HubProcess, ensure_user
@@ -13,7 +14,7 @@ from jupyter_hpcai.demo import HubProcess, ensure_user
 USER = "hpcai-alice"
 BOB = "hpcai-bob"  # the other user: hostile to alice in the security tests
 PASSWORD = "demo-" + secrets.token_hex(4)
-__all__ = ["BOB", "PASSWORD", "USER", "Hub", "ensure_user"]
+__all__ = ["BOB", "CHROMIUM_ARGS", "PASSWORD", "USER", "Hub", "ensure_user", "logged_in_page"]
 
 
 class Hub(HubProcess):
@@ -53,3 +54,18 @@ class Hub(HubProcess):
 
     def user_token(self, user: str = USER) -> str:  # type: ignore[override]
         return super().user_token(user)
+
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def logged_in_page(playwright: Any, hub: Hub, user: str = USER) -> tuple[Any, Any]:
+    """Headless Chromium logged in to ``hub`` as ``user``: (browser, page)."""
+    browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", PASSWORD)
+    page.click("#login_submit")
+    return browser, page

@@ -295,16 +295,11 @@ def test_hub_restart_keeps_the_server_and_scancel_is_noticed(hub: Hub) -> None:
 def test_browser_spawn_form_to_jupyterlab(hub: Hub) -> None:
     from playwright.sync_api import sync_playwright
 
-    from hub_helpers import PASSWORD
+    from hub_helpers import logged_in_page
 
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.goto(f"{hub.url}/hub/login")
-        page.fill("#username_input", USER)
-        page.fill("#password_input", PASSWORD)
-        page.click("#login_submit")
+        browser, page = logged_in_page(p, hub)
         page.goto(f"{hub.url}/hub/spawn")
         page.select_option("#hpcai-profile", "2 nodes x 2 GPUs")
         assert page.input_value("#hpcai-nodes") == "2"
@@ -324,6 +319,3 @@ def test_browser_spawn_form_to_jupyterlab(hub: Hub) -> None:
     assert job["NumNodes"] == "2" and job["TresPerNode"] == "gres:gpu:1"  # what the form asked for
     hub.stop_server()
 
-
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]

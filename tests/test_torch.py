@@ -61,6 +61,34 @@ def test_ddp_training_ends_with_identical_parameters(world: JobKernel) -> None:
     assert world.run("all(p == params[0] for p in params) and len(params) == 4").result == "True"
 
 
+def test_checkpoint_with_torch_saved_by_rank_0_and_restored_on_every_rank(world: JobKernel, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+    """%hpc checkpoint runs the ranks' walltime hooks (a torch Checkpoint: model and optimizer state_dict and the
+    step, rank 0 writing, all_reduce for the agreement and the wait); %hpc restore loads it back after the
+    parameters moved on."""
+    folder = tmp_path_factory.mktemp("torch-checkpoints")
+    folder.chmod(0o777)
+    assert world.run(DDP).status == "ok"
+    cell = world.run("%%torchrun -o saved\n"
+                     f"ckpt = hpc.Checkpoint(model, opt, name='torch-test', directory={str(folder)!r})\n"
+                     "hpc.on_walltime(ckpt.save)\n"
+                     "for _ in range(10): hpc.step()\n"
+                     "[hpc.any_rank(rank == 2), hpc.steps()]")
+    assert cell.status == "ok", cell.error
+    assert world.run("saved").result == "[[True, 10], [True, 10], [True, 10], [True, 10]]"  # one rank's flag, for all
+    cell = world.run("%hpc checkpoint")
+    assert cell.status == "ok", cell.error
+    assert "hpcai: ranks 0-3: ran 1 walltime hook(s) at step 10" in cell.stdout and "step-000000010" in cell.stdout
+    assert sorted(p.name for p in folder.iterdir()) == ["latest", "step-000000010"]
+    cell = world.run("%%torchrun -o moved --push params\nwith torch.no_grad():\n    for p in model.parameters(): p.add_(1.0)\n"
+                     "opt.step()\n[p.detach().tolist() for p in model.parameters()] == params[rank]")
+    assert cell.status == "ok" and world.run("moved").result == "[False, False, False, False]"
+    cell = world.run("%hpc restore")
+    assert cell.status == "ok", cell.error
+    assert "hpcai: ranks 0-3: resumed at step 10 from " in cell.stdout, cell.stdout
+    cell = world.run("%%torchrun -o back --push params\n[p.detach().tolist() for p in model.parameters()] == params[rank]")
+    assert cell.status == "ok" and world.run("back").result == "[True, True, True, True]"
+
+
 def test_line_magic_runs_a_script_with_arguments(world: JobKernel, tmp_path_factory: pytest.TempPathFactory) -> None:
     script = tmp_path_factory.mktemp("scripts") / "train.py"
     script.write_text("import sys\nimport torch.distributed as dist\n\n"

@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -36,6 +37,8 @@ from .frameworks import DISTRIBUTIONS, FRAMEWORKS, default_framework
 from .launch import LAUNCHERS, Layout, RankSetLauncher, plan
 from .report import launcher_said
 from .output import OUTPUT_MODES, RankFailure, Streamer, Write
+
+CONTINUITY = "__import__('jupyter_hpcai.engines.continuity', fromlist=['hpc'])"  # the ranks' walltime API
 
 Progress = Callable[[int, int], None]  # (engines registered, engines wanted)
 State = Literal["stopped", "starting", "running", "restarting", "stopping"]
@@ -110,6 +113,7 @@ class Engines:
         atexit.register(self._remove_folder)  # a kernel that exits with engines running (ipyparallel stops them)
         self.state: State = "stopped"
         self._listeners: list[Callable[[Engines], None]] = []
+        self._running_cell = threading.Lock()
 
     # --- state, for the panel and the magics --------------------------------------------------------------
     @property
@@ -356,6 +360,18 @@ class Engines:
         params = framework.params(self) if framework.params else {}
         return partial(rankside.init_framework, framework, params)
 
+    # --- the walltime ------------------------------------------------------------------------------------
+    def checkpoint(self, directory: str | None = None, *, pending_only: bool = False, timeout: float | None = None,
+                   write: Write | None = None) -> dict[int, dict[str, Any]]:
+        """Run the ranks' walltime hooks (``hpc.on_walltime``) now, checkpoints going to ``directory`` if given;
+        ``pending_only``: only if the walltime signal came and they did not run for it yet. Each rank's report."""
+        call = "run_pending" if pending_only else "run_hooks"
+        return self.run(f"{CONTINUITY}.{call}({directory!r})", framework=None, timeout=timeout, write=write)
+
+    def restore(self, directory: str | None = None, write: Write | None = None) -> dict[int, dict[str, Any]]:
+        """Every ``hpc.Checkpoint`` made on the ranks loads its latest save; each rank's report."""
+        return self.run(f"{CONTINUITY}.restore_all({directory!r})", framework=None, write=write)
+
     # --- running cells ------------------------------------------------------------------------------------
     def run(self, code: str, *, framework: str | None = "horovod", timeout: float | None = None,
             output: str = "all", push: dict[str, Any] | None = None, write: Write | None = None,
@@ -367,6 +383,11 @@ class Engines:
         restart` brings the world back); a timeout names the ranks that were stuck; Ctrl-C interrupts every
         rank. ``first_line``: the number of the cell's first line as the user sees it, for tracebacks.
         """
+        with self._running_cell:  # one cell at a time, whichever thread asks (the walltime guard's, say)
+            return self._run(code, framework, timeout, output, push, write, first_line)
+
+    def _run(self, code: str, framework: str | None, timeout: float | None, output: str,
+             push: dict[str, Any] | None, write: Write | None, first_line: int) -> dict[int, Any]:
         if output not in OUTPUT_MODES:
             raise HPCAIError(f"unknown output mode '{output}'", f"use one of: {', '.join(OUTPUT_MODES)}")
         write = write or (lambda text: (sys.stdout.write(text), sys.stdout.flush()))

@@ -16,6 +16,7 @@ from importlib import import_module
 from importlib.util import find_spec
 from typing import Any, Protocol
 
+from . import continuity
 from .engine import LOCAL_RANK_VARS, RANK_VARS, first_int
 from .rankside import Handles, free_port, rank_info
 
@@ -35,6 +36,7 @@ class Framework:
     distributions: tuple[str, ...]
     imports: tuple[str, ...]
     init: Callable[[dict[str, Any]], Handles]  # params -> handles, on a rank
+    max_over_ranks: Callable[[int], int]  # a collective every rank calls: the largest of their values
     params: Callable[[World], dict[str, Any]] | None = None
 
     def boot(self) -> Handles | None:
@@ -61,9 +63,17 @@ def _init_horovod(params: dict[str, Any]) -> Handles:
     import horovod.tensorflow as hvd
 
     hvd.init()
-    names = {"hvd": hvd, "tf": tf, "rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank()}
+    names = {"hvd": hvd, "tf": tf, "rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
+             "hpc": continuity}
     return names, {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "gpus": len(gpus),
                    "controller": "mpi" if hvd.mpi_enabled() else "gloo"}
+
+
+def _horovod_max(value: int) -> int:
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    return int(hvd.allreduce(tf.constant(value, dtype=tf.int32), op=hvd.Max).numpy())
 
 
 def _torch_params(world: World) -> dict[str, Any]:
@@ -98,14 +108,23 @@ def _init_torch(params: dict[str, Any]) -> Handles:
     dist.init_process_group(backend, rank=rank, world_size=params["world_size"], timeout=dt.timedelta(seconds=120))
     device = torch.device("cuda", 0) if has_gpu else torch.device("cpu")
     names = {"torch": torch, "dist": dist, "rank": rank, "world_size": params["world_size"],
-             "local_rank": env["LOCAL_RANK"], "device": device}
+             "local_rank": env["LOCAL_RANK"], "device": device, "hpc": continuity}
     return names, {"rank": rank, "world_size": params["world_size"], "backend": backend, "device": str(device)}
+
+
+def _torch_max(value: int) -> int:
+    import torch
+    import torch.distributed as dist
+
+    found = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(found, op=dist.ReduceOp.MAX)
+    return int(found.item())
 
 
 FRAMEWORKS: dict[str, Framework] = {
     "horovod": Framework("horovod", ("tensorflow", "tensorflow-cpu", "horovod", "mpi4py"),
-                         ("tensorflow", "horovod.tensorflow"), _init_horovod),
-    "torch": Framework("torch", ("torch",), ("torch", "torch.distributed"), _init_torch, _torch_params),
+                         ("tensorflow", "horovod.tensorflow"), _init_horovod, _horovod_max),
+    "torch": Framework("torch", ("torch",), ("torch", "torch.distributed"), _init_torch, _torch_max, _torch_params),
 }
 DISTRIBUTIONS = tuple(dict.fromkeys(d for f in FRAMEWORKS.values() for d in f.distributions))
 

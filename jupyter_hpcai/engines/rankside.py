@@ -33,8 +33,16 @@ class Framework(Protocol):
 
     def init(self, params: dict[str, Any]) -> Handles: ...
 
+    def max_over_ranks(self, value: int) -> int: ...
+
 timeline: dict[str, float] = {}
 _booting: dict[str, Future[Handles | None]] = {}
+_initialised: Framework | None = None
+
+
+def initialised() -> Framework | None:
+    """The framework this rank initialised (its collectives are the world's), or None."""
+    return _initialised
 
 
 def mark(phase: str) -> None:
@@ -98,6 +106,7 @@ def free_port() -> int:
 def init_framework(framework: Framework, params: dict[str, Any]) -> dict[str, Any]:
     """Initialise a framework once per engine (taking over what boot started) and put its handles in the
     user namespace."""
+    global _initialised
     ns = _user_ns()
     if ns.get("_hpcai_framework") == framework.name:
         return {"initialised": False, **ns["_hpcai_framework_info"]}
@@ -106,6 +115,7 @@ def init_framework(framework: Framework, params: dict[str, Any]) -> dict[str, An
     names, info = handles if handles is not None else framework.init(params)
     ns.update(names)
     ns["_hpcai_framework"], ns["_hpcai_framework_info"] = framework.name, info
+    _initialised = framework
     return {"initialised": True, **info}
 
 

@@ -1,5 +1,5 @@
-"""GET /hpcai/api/allocation, GET /hpcai/api/engines and POST /hpcai/api/stacks (all need the server's
-authentication)."""
+"""GET /hpcai/api/allocation, GET /hpcai/api/engines, POST /hpcai/api/stacks and POST /hpcai/api/extend (all
+need the server's authentication)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
+from .. import hubapi
 from ..allocation import Allocation
 from ..engines import listing
 from ..errors import HPCAIError
@@ -52,8 +53,26 @@ class StacksHandler(APIHandler):  # type: ignore[misc]
         self.finish(json.dumps({"groups": groups}))
 
 
+class ExtendHandler(APIHandler):  # type: ignore[misc]
+    """POST {"seconds": N}: ask the hub for more walltime for this server's job (the site's policy decides)."""
+
+    @web.authenticated
+    async def post(self) -> None:
+        seconds = (self.get_json_body() or {}).get("seconds")
+        if not isinstance(seconds, int) or isinstance(seconds, bool) or seconds < 60:
+            raise web.HTTPError(400, 'send {"seconds": N}, N a whole number of at least 60')
+        try:
+            granted = await asyncio.to_thread(hubapi.extend, seconds)
+        except HPCAIError as err:
+            self.set_status(409)
+            self.finish(json.dumps({"error": err.message, "hint": err.hint}))
+            return
+        self.finish(json.dumps(granted))
+
+
 def setup_handlers(web_app: Any) -> None:
     base = web_app.settings["base_url"]
     web_app.add_handlers(".*$", [(url_path_join(base, "hpcai/api/allocation"), AllocationHandler),
                                  (url_path_join(base, "hpcai/api/engines"), EnginesHandler),
-                                 (url_path_join(base, "hpcai/api/stacks"), StacksHandler)])
+                                 (url_path_join(base, "hpcai/api/stacks"), StacksHandler),
+                                 (url_path_join(base, "hpcai/api/extend"), ExtendHandler)])

@@ -31,6 +31,9 @@ class Profile(BaseModel):
     walltime: Annotated[str, Field(pattern=WALLTIME)] = "01:00:00"
     account: Annotated[str, Field(pattern=r"^([A-Za-z0-9_.-]{1,64})?$")] = ""
     environment: str = ""
+    # Seconds before the walltime at which Slurm signals the job (the walltime guard); None: the spawner's
+    # walltime_warning; 0: no signal.
+    walltime_warning: int | None = Field(default=None, ge=0, le=86400)
     # Extra sbatch options set by the admin (users cannot change them), e.g. ["--qos=interactive"].
     extra_sbatch: list[Annotated[str, Field(pattern=r"^--[a-z][a-z-]*(=[A-Za-z0-9_.,:=/+-]+)?$")]] = []
 

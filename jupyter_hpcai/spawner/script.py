@@ -16,7 +16,7 @@ TEMPLATE = """#!/bin/bash
 #SBATCH --nodes={nodes}
 #SBATCH --ntasks-per-node={tasks_per_node}
 {gpus}#SBATCH --time={walltime}
-{account}{extra}
+{account}{signal}{extra}
 set -euo pipefail
 # --export above limits what reaches the job; steps started inside it (srun, the engines) must get the
 # whole environment of the process that starts them again.
@@ -25,8 +25,26 @@ unset SLURM_EXPORT_ENV
 # engines (%hpc start). The server's environment carries the whole allocation (SLURM_*).
 export HPCAI_ENV={environment}
 {bind}{prologue}
-{cmd}
+{run}"""
+
+# With a walltime signal, the server runs in the background: bash runs a trap only between commands, and
+# ``wait`` returns early for each trapped signal while the server goes on.
+GUARDED = """# The walltime guard: Slurm signals this shell {warning} s before the walltime (--signal=B:USR1@{warning});
+# the trap writes the time down in the job's private folder, where the kernels and the side panel look.
+export HPCAI_JOB_STATE={state}/"$SLURM_JOB_ID" HPCAI_WALLTIME_WARNING={warning}
+trap '{{ date +%s > "$HPCAI_JOB_STATE/.walltime" && mv -f "$HPCAI_JOB_STATE/.walltime" "$HPCAI_JOB_STATE/walltime"; }} || true' USR1
+trap 'rm -rf "$HPCAI_JOB_STATE"' EXIT
+mkdir -p -m 700 {state} "$HPCAI_JOB_STATE"
+{cmd} &
+server=$!
+while true; do
+  status=0
+  wait "$server" || status=$?
+  kill -0 "$server" 2>/dev/null || break
+done
+exit "$status"
 """
+JOB_STATE = ".hpcai/jobs"  # under the user's home: what every node of a cluster sees"
 
 # The hub passes the server's address in JUPYTERHUB_SERVICE_URL; where it left the host out, the server listens
 # on its node's address as Slurm knows it (NodeAddr), which is where the hub connects.
@@ -37,19 +55,26 @@ export JUPYTERHUB_SERVICE_URL="${JUPYTERHUB_SERVICE_URL%%://*}://${node_addr}:0$
 
 
 def render(options: SpawnOptions, profile: Profile, *, user: str, homedir: str, keepvars: str, cmd: Sequence[str],
-           prologue: str = "", bind_node_address: bool = True) -> str:
+           prologue: str = "", bind_node_address: bool = True, walltime_warning: int = 0) -> str:
     """The batch script. Options were validated; quoting still guards every value that reaches a shell line.
-    ``bind_node_address``: the server listens on its node's Slurm address (else where the hub's URL says)."""
+    ``bind_node_address``: the server listens on its node's Slurm address (else where the hub's URL says).
+    ``walltime_warning``: seconds before the walltime at which Slurm signals the job (0: never); at most half
+    the walltime."""
     tasks = max(1, options.gpus_per_node)
+    warning = min(walltime_warning, options.walltime_seconds // 2)
+    run = shlex.join(cmd) + "\n"
+    if warning:
+        run = GUARDED.format(warning=warning, state=shlex.quote(f"{homedir}/{JOB_STATE}"), cmd=shlex.join(cmd))
     return TEMPLATE.format(
         user=_sbatch_word(user), homedir=_sbatch_word(homedir), keepvars=_sbatch_word(keepvars),
         partition=options.partition, nodes=options.nodes, tasks_per_node=tasks,
         gpus=f"#SBATCH --gpus-per-node={options.gpus_per_node}\n" if options.gpus_per_node else "",
         walltime=options.walltime,
         account=f"#SBATCH --account={options.account}\n" if options.account else "",
+        signal=f"#SBATCH --signal=B:USR1@{warning}\n" if warning else "",
         extra="".join(f"#SBATCH {opt}\n" for opt in profile.extra_sbatch),
         environment=shlex.quote(options.environment), bind=BIND_NODE_ADDRESS if bind_node_address else "",
-        prologue=prologue, cmd=shlex.join(cmd),
+        prologue=prologue, run=run,
     )
 
 

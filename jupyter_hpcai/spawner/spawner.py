@@ -18,7 +18,7 @@ from traitlets import Dict, Float, Integer, List, Set, Unicode, default
 from .. import slurm
 from ..envs import EnvStore, open_env
 from ..errors import HPCAIError
-from . import form, script
+from . import extend, form, script
 from .options import Limit, OptionsError, Profile, SpawnOptions, merge_limits, validate
 from .progress import pending_message
 
@@ -73,6 +73,13 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     min_uid = Integer(1000, config=True, help="""The lowest unix uid a server may run as: system accounts (root,
         munge, slurm, daemons) are refused before anything is submitted.""")
     denied_users = Set(Unicode(), config=True, help="Unix accounts that never get a server, whatever their uid.")
+    walltime_warning = Integer(600, config=True, help="""Seconds before a notebook job's walltime at which Slurm
+        signals it (--signal=B:USR1@SECONDS): the notebook and the side panel warn, and the ranks' walltime hooks
+        (hpc.on_walltime, e.g. a checkpoint) run. At most half the walltime; 0: off. A profile's walltime_warning
+        overrides it.""")
+    extend_max_walltime = Dict(config=True, help="""How far users may extend a running notebook job
+        (%hpc extend, the side panel's Extend): partition (or "*" for any other) -> the longest walltime in all,
+        e.g. {"gpu": "12:00:00"}; never past the partition's own limit. Empty (the default): off.""")
     job_umask = Integer(0o077, config=True, help="""The umask jobs are submitted with (Slurm passes it to the job):
         the job's log, and what the server creates, are private to the user unless this allows more.""")
 
@@ -132,7 +139,9 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             cmd.append(f"--MappingKernelManager.default_kernel_name=hpcai-{options.environment.lower()}")
         return script.render(options, profile, user=self.user.name, homedir=self._homedir(),
                              keepvars=",".join(sorted(self.get_env())), cmd=[c for c in cmd if c],
-                             prologue=self.req_prologue, bind_node_address=not self.bind_ip)
+                             prologue=self.req_prologue, bind_node_address=not self.bind_ip,
+                             walltime_warning=self.walltime_warning if profile.walltime_warning is None
+                             else profile.walltime_warning)
 
     def _homedir(self) -> str:
         try:
@@ -239,6 +248,22 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         if state in ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED"):
             return JobStatus.PENDING
         return JobStatus.NOTFOUND
+
+    async def extend(self, seconds: int) -> dict[str, Any]:
+        """Add ``seconds`` to the running job's time limit within ``extend_max_walltime`` (the hub runs scontrol:
+        users cannot raise their own limit); the job's new limit and end."""
+        info = await asyncio.to_thread(slurm.job_info, self.job_id) or {}
+        if info.get("JobState") != "RUNNING":
+            raise HPCAIError(f"job {self.job_id} is not running ({info.get('JobState', 'gone')})",
+                             "only a running notebook job can be extended")
+        partition, limit = info.get("Partition", ""), slurm.parse_duration(info.get("TimeLimit", "")) or 0
+        scheduler = self._limits().get(partition)
+        wanted = extend.new_limit(self.extend_max_walltime, partition, limit, seconds,
+                                  scheduler.max_walltime if scheduler else None)
+        await self.run_command(f"scontrol update JobId={int(self.job_id)} TimeLimit={slurm.format_duration(wanted)}")
+        after = await asyncio.to_thread(slurm.job_info, self.job_id) or {}
+        self.log.info("Extended job %s of %s by %s s to %s", self.job_id, self.user.name, seconds, after.get("TimeLimit"))
+        return {"job_id": self.job_id, "time_limit": after.get("TimeLimit", ""), "end_time": after.get("EndTime", "")}
 
     def state_gethost(self) -> str:
         """The address the hub reaches the first node at (Slurm's NodeAddr; node names may not resolve)."""

@@ -19,6 +19,8 @@ interface IAllocation {
   gpus_per_node?: number;
   cpus_per_node?: number;
   seconds_left?: number | null;
+  walltime_signal?: number | null; // when Slurm's signal before the walltime came (s since epoch)
+  walltime_warning?: number; // how long before the walltime it is sent (0: it is not)
 }
 
 interface ITelemetry {
@@ -149,6 +151,8 @@ class AllocationPanel extends Widget {
   private _error = '';
   private _deadline = 0; // ms since epoch when the walltime ends
   private _warned = false;
+  private _signalSaid = false;
+  private _extendSaid = ''; // what the last Extend request got: the new limit, or the site's reason
   private _timers: number[] = [];
   private _refreshing = false;
 
@@ -182,6 +186,7 @@ class AllocationPanel extends Widget {
       const left = this._allocation.seconds_left;
       this._deadline = typeof left === 'number' ? Date.now() + left * 1000 : 0;
       this._error = '';
+      this.sayWalltimeSignal();
     } catch (err) {
       this._error = describeFailure(err);
     } finally {
@@ -205,6 +210,38 @@ class AllocationPanel extends Widget {
       this._stacks.set(clusterId, body.error ? `${body.error}\n${body.hint ?? ''}` : describeFailure(err));
     }
     this.render();
+  }
+
+  /** Ask the hub for more walltime (the site's policy decides); the answer stays under the countdown. */
+  async extend(seconds: number): Promise<void> {
+    this._extendSaid = 'Asking the hub...';
+    this.render();
+    try {
+      const granted = await requestJSON<{ time_limit: string; end_time: string }>('hpcai/api/extend', {
+        method: 'POST',
+        body: JSON.stringify({ seconds })
+      });
+      this._extendSaid = `Extended: time limit ${granted.time_limit}, ends ${granted.end_time.replace('T', ' ')}.`;
+      this._warned = false; // the countdown warns again before the new end
+    } catch (err) {
+      const body = err instanceof RequestError ? err.body : {};
+      this._extendSaid = body.error ? `Not extended: ${body.error}. ${body.hint ?? ''}` : describeFailure(err);
+    }
+    await this.refresh();
+  }
+
+  /** Once, when Slurm's walltime signal has reached the job: the notebook's hooks are checkpointing now. */
+  private sayWalltimeSignal(): void {
+    if (!this._allocation?.walltime_signal || this._signalSaid) {
+      return;
+    }
+    this._signalSaid = true;
+    const left = this._deadline ? formatSeconds((this._deadline - Date.now()) / 1000) : 'little time';
+    Notification.warning(
+      `Slurm job ${this._allocation.job_id} reaches its walltime in ${left}: the walltime signal came. ` +
+        "The ranks' walltime hooks (hpc.on_walltime) run now; save your work.",
+      { autoClose: false }
+    );
   }
 
   private tick(): void {
@@ -256,6 +293,22 @@ class AllocationPanel extends Widget {
           ? `<p>Walltime left: <span class="hpcai-walltime">${formatSeconds((this._deadline - Date.now()) / 1000)}</span></p>`
           : '<p class="hpcai-muted">No time limit.</p>'
       );
+      if (this._deadline) {
+        parts.push(
+          '<p><button class="hpcai-extend-button" title="Ask the hub for 30 more minutes (the site\'s policy ' +
+            'decides)">Extend 30 min</button></p>'
+        );
+      }
+      if (this._extendSaid) {
+        parts.push(`<p class="hpcai-extend-result">${escape(this._extendSaid)}</p>`);
+      }
+      if (a.walltime_signal) {
+        const at = new Date(a.walltime_signal * 1000).toLocaleTimeString();
+        parts.push(
+          `<p class="hpcai-warning hpcai-walltime-signal">Walltime signal at ${escape(at)}: ` +
+            "the ranks' walltime hooks run; the job ends soon.</p>"
+        );
+      }
     }
     parts.push('<h2>Engines</h2>');
     if (!this._engines.length) {
@@ -279,6 +332,10 @@ class AllocationPanel extends Widget {
       }
     }
     this.node.innerHTML = parts.join('');
+    const extend = this.node.querySelector<HTMLButtonElement>('.hpcai-extend-button');
+    if (extend) {
+      extend.onclick = () => void this.extend(30 * 60);
+    }
     this.node.querySelectorAll<HTMLButtonElement>('.hpcai-stacks-button').forEach(button => {
       button.onclick = () => void this.showStacks(button.dataset.cluster ?? '');
     });

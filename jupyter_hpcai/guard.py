@@ -1,0 +1,144 @@
+"""The walltime guard, in the notebook kernel (started by ``%load_ext jupyter_hpcai``).
+
+When Slurm's signal before the walltime reaches the notebook job (its batch shell writes the time down:
+``allocation.walltime_signal``), the guard says so in the output of the cell that is running, or else of the
+next one, and has the ranks run their walltime hooks (``hpc.on_walltime``) as soon as they are idle: at once
+when no cell runs, else when the cell ends (a training loop that calls ``hpc.step()`` runs them at its next
+steps, and the guard then finds them done). The hooks get the time left minus a margin.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from . import allocation
+from .engines import Engines
+from .engines.continuity import describe
+from .errors import HPCAIError
+
+POLL = 1.0  # seconds between looks for the signal's mark (one stat)
+MARGIN = 15  # seconds the hooks' deadline keeps before the walltime
+
+
+class WalltimeGuard:
+    """Watches for the walltime signal from a thread; speaks through the kernel's cells."""
+
+    def __init__(self, shell: Any, engines: Callable[[], Engines], environ: dict[str, str] | None = None) -> None:
+        self.shell, self.engines = shell, engines
+        self.environ = dict(os.environ if environ is None else environ)
+        self.signal: float | None = None
+        self._cell: dict[str, Any] | None = None  # the running cell's request, while one runs
+        self._unsaid: list[str] = []  # for the next cell
+        self._hooks_done = False
+        self._said_none = False  # that no rank has hooks, for this signal
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        """Follow the cells, and watch for the signal when this kernel runs in a notebook job that asked for it."""
+        self.shell.events.register("pre_run_cell", self._pre_run_cell)
+        self.shell.events.register("post_run_cell", self._post_run_cell)
+        if allocation.walltime_warning(self.environ) and self.environ.get(allocation.JOB_STATE_VAR):
+            threading.Thread(target=self._watch, name="hpcai-walltime-guard", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        """Each new signal (a job extended is signalled again before its new end) is said and hooked once."""
+        while not self._stop.wait(POLL):
+            signal = allocation.walltime_signal(self.environ)
+            if signal is None or signal == self.signal:
+                continue
+            self.signal, self._hooks_done, self._said_none = signal, False, False
+            try:
+                self._say(self._warning())
+            except Exception:  # the warning is best effort; the hooks still run. To the kernel's log:
+                traceback.print_exc(file=sys.__stderr__)
+            with self._lock:
+                idle = self._cell is None
+            if idle:
+                self._run_hooks()
+
+    def _warning(self) -> str:
+        job = self.environ.get("SLURM_JOB_ID", "?")
+        alloc = allocation.Allocation.current(self.environ)
+        left = alloc.seconds_left() if alloc else None
+        when = (f" at {alloc.end_time:%H:%M:%S} (in about {left / 60:.0f} min)"
+                if alloc and alloc.end_time and left is not None else " soon")
+        return (f"hpcai: Slurm job {job} reaches its walltime{when}. The ranks' walltime hooks (hpc.on_walltime) "
+                "run as soon as they are idle; save anything else now.\n")
+
+    def _pre_run_cell(self, info: Any) -> None:
+        kernel = getattr(self.shell, "kernel", None)
+        with self._lock:
+            self._cell = kernel.get_parent() if kernel is not None else {}
+            unsaid, self._unsaid = self._unsaid, []
+        for text in unsaid:
+            sys.stderr.write(text)
+
+    def _post_run_cell(self, result: Any) -> None:
+        with self._lock:
+            self._cell = None
+        if self.signal is not None and not self._hooks_done:
+            self._run_hooks(write=sys.stderr.write)
+
+    def _run_hooks(self, write: Callable[[str], Any] | None = None) -> None:
+        """The ranks' pending hooks, under the deadline; one report line per group of ranks."""
+        engines = self.engines()
+        if not engines.running:
+            return
+        alloc = allocation.Allocation.current(self.environ)
+        left = alloc.seconds_left() if alloc else None
+        timeout = max(5.0, left - MARGIN) if left is not None else None
+        say = write or self._say
+        try:
+            reports = engines.checkpoint(pending_only=True, timeout=timeout, write=say)
+        except HPCAIError as err:
+            say(f"hpcai: the walltime hooks failed: {err.message}\n")
+            return
+        # hooks registered after the signal (a training cell that follows) still get their turn; "none
+        # registered" is said once
+        self._hooks_done = any(found["hooks"] for found in reports.values())
+        if all(found.get("already") for found in reports.values()):
+            return  # they ran in the cell's training loop, which printed it
+        if self._hooks_done or not self._said_none:
+            say(report(reports))
+        self._said_none = self._said_none or not self._hooks_done
+
+    def _say(self, text: str) -> None:
+        """Into the running cell's output, else the next cell's."""
+        kernel = getattr(self.shell, "kernel", None)
+        with self._lock:
+            cell = self._cell
+            if cell is None or kernel is None:
+                self._unsaid.append(text)
+                return
+        kernel.session.send(kernel.iopub_socket, "stream", {"name": "stderr", "text": text}, parent=cell,
+                            ident=b"stream.stderr")
+
+
+def report(reports: dict[int, dict[str, Any]]) -> str:
+    """The ranks' walltime reports, ranks with the same words on one line (with the slowest rank's time)."""
+    slowest = max((found["seconds"] for found in reports.values()), default=0.0)
+    groups: dict[str, list[int]] = {}
+    for rank, found in sorted(reports.items()):
+        groups.setdefault(describe({**found, "seconds": slowest}), []).append(rank)
+    return "".join(f"hpcai: rank{'s' if len(ranks) > 1 else ''} {rank_ranges(ranks)}: {words}\n"
+                   for words, ranks in groups.items())
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    spans: list[list[int]] = []
+    for rank in ranks:
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    return ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in spans)

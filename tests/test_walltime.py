@@ -1,0 +1,188 @@
+"""The walltime guard's parts without a cluster: the batch script's trap run by a real bash, the profile's
+setting, the ranks' hooks once per signal, a checkpoint saved whole and restored.
+
+Fake here: the model in the checkpoint test is a stand-in with Keras's get_weights/set_weights (numpy
+arrays); test_continuity.py saves and restores a real Keras model through the hub.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jupyter_hpcai import allocation, guard
+from jupyter_hpcai.engines import continuity
+from jupyter_hpcai.proc import wait_until
+from jupyter_hpcai.spawner import script
+from jupyter_hpcai.spawner.options import Profile, SpawnOptions
+
+OPTIONS = SpawnOptions(profile="p", partition="gpu", nodes=1, gpus_per_node=1, walltime="00:03:00")
+
+
+def _render(warning: int, cmd: list[str], home: str = "/home/alice") -> str:
+    return script.render(OPTIONS, Profile(name="p", partition="gpu"), user="alice", homedir=home, keepvars="PATH",
+                         cmd=cmd, bind_node_address=False, walltime_warning=warning)
+
+
+def test_the_script_asks_for_the_signal_at_most_half_the_walltime() -> None:
+    assert "#SBATCH --signal=B:USR1@60\n" in _render(60, ["server"])
+    assert "#SBATCH --signal=B:USR1@90\n" in _render(600, ["server"])  # a 3-minute job: half of it
+    plain = _render(0, ["server"])
+    assert "--signal" not in plain and "trap" not in plain and plain.rstrip().endswith("server")
+
+
+def test_the_trap_marks_the_signal_and_the_server_goes_on(tmp_path: Path) -> None:
+    """The rendered script in a real bash: USR1 writes the mark, the server keeps running to its own end, its
+    exit status is the script's, and the job's folder is gone afterwards."""
+    done = tmp_path / "server-done"
+    path = tmp_path / "job.sh"
+    path.write_text(_render(60, ["bash", "-c", f"sleep 2; touch {done}; exit 3"], home=str(tmp_path)))
+    job = subprocess.Popen(["bash", str(path)], env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "77"})
+    state = tmp_path / ".hpcai" / "jobs" / "77"
+    wait_until(lambda: state.is_dir() or None, timeout=10, what="the job's folder")
+    assert state.stat().st_mode & 0o777 == 0o700
+    job.send_signal(signal.SIGUSR1)
+    mark = wait_until(lambda: allocation.walltime_signal({allocation.JOB_STATE_VAR: str(state)}), timeout=10,
+                      what="the walltime mark")
+    assert abs(mark - time.time()) < 10 and not done.exists()  # the server still runs
+    assert job.wait(timeout=30) == 3 and done.exists()
+    assert not state.exists()
+
+
+def test_profile_setting_overrides_the_spawner() -> None:
+    assert Profile(name="p", partition="gpu", walltime_warning=0).walltime_warning == 0
+    with pytest.raises(ValueError):
+        Profile(name="p", partition="gpu", walltime_warning=-1)
+
+
+class StandIn:
+    """Keras's get_weights/set_weights over numpy arrays."""
+
+    def __init__(self, seed: int) -> None:
+        self.weights = [np.random.default_rng(seed).normal(size=(4, 3)), np.zeros(3)]
+
+    def get_weights(self) -> list[np.ndarray]:
+        return [w.copy() for w in self.weights]
+
+    def set_weights(self, weights: list[np.ndarray]) -> None:
+        self.weights = [w.copy() for w in weights]
+
+
+@pytest.fixture
+def job_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(allocation.JOB_STATE_VAR, str(tmp_path / "job"))
+    monkeypatch.setenv(continuity.CHECKPOINT_DIR_VAR, str(tmp_path / "checkpoints"))
+    (tmp_path / "job").mkdir()
+    monkeypatch.setattr(continuity, "_hooks", [])
+    monkeypatch.setattr(continuity, "_checkpoints", [])
+    monkeypatch.setattr(continuity, "_steps", 0)
+    monkeypatch.setattr(continuity, "_next_check", continuity.CHECK_EVERY)
+    monkeypatch.setattr(continuity, "_ran_for", None)
+    monkeypatch.setattr(continuity, "LOOK_EVERY", 0.0)  # rank 0 looks at every check (once a second in a job)
+    return tmp_path / "job"
+
+
+def test_hooks_run_once_per_signal_at_a_step_boundary(job_state: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    calls: list[int] = []
+    continuity.on_walltime(lambda: calls.append(continuity.steps()))
+    for _ in range(15):
+        continuity.step()
+    assert calls == [] and not continuity.pending()
+    (job_state / allocation.SIGNAL_MARK).write_text("1000\n")
+    assert continuity.pending()
+    for _ in range(25):
+        continuity.step()
+    assert calls == [20]  # the first check after the signal, and only once
+    assert "walltime near: ran 1 walltime hook(s) at step 20" in capsys.readouterr().out
+    assert continuity.run_pending()["already"] and calls == [20]
+    (job_state / allocation.SIGNAL_MARK).write_text("2000\n")  # a second signal (after an extension, say)
+    assert continuity.run_pending()["hooks"] == 1 and calls == [20, 40]
+
+
+def test_a_checkpoint_is_saved_whole_and_restored(job_state: Path) -> None:
+    model = StandIn(seed=1)
+    ckpt = continuity.Checkpoint(model, name="unit")
+    for _ in range(7):
+        continuity.step()
+    first = ckpt.save()
+    model.weights[0] += 1
+    for _ in range(3):
+        continuity.step()
+    second = ckpt.save()
+    assert (first.name, second.name) == ("step-000000007", "step-000000010")
+    assert (ckpt.directory / "latest").read_text() == second.name and not list(ckpt.directory.glob(".*partial*"))
+    fresh = StandIn(seed=2)
+    again = continuity.Checkpoint(fresh, name="unit")
+    assert again.restore() == 10 and continuity.steps() == 10
+    assert all(np.array_equal(a, b) for a, b in zip(fresh.weights, model.weights))
+    report = continuity.restore_all()
+    assert report["step"] == 10 and len(report["restored"]) == 2
+    for _ in range(3):
+        continuity.step()
+    ckpt.save()
+    assert sorted(p.name for p in ckpt.directory.glob("step-*")) == ["step-000000010", "step-000000013"]  # 2 kept
+
+
+def test_reports_group_ranks_with_the_same_outcome() -> None:
+    same = {"hooks": 1, "seconds": 0.2, "step": 30, "errors": [], "saved": ["/c/step-30"]}
+    text = guard.report({0: same, 1: {**same, "seconds": 0.5}, 2: same, 3: {**same, "errors": ["save: OSError: full"]}})
+    assert text == ("hpcai: ranks 0-2: ran 1 walltime hook(s) at step 30 in 0.5 s; saved /c/step-30\n"
+                    "hpcai: rank 3: ran 1 walltime hook(s) at step 30 in 0.5 s; saved /c/step-30; 1 failed: "
+                    "save: OSError: full\n")
+    assert guard.rank_ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+
+
+@pytest.mark.slurm
+def test_the_guard_speaks_in_the_running_cell_of_a_job_kernel(devcluster, tf_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A kernel in a job whose batch shell would write the mark: the warning lands in the cell that runs."""
+    import threading
+
+    from conftest import kernel_in_job
+
+    state = tmp_path / "job-state"
+    state.mkdir()
+    environ = {allocation.JOB_STATE_VAR: str(state), allocation.WARNING_VAR: "60"}
+    with kernel_in_job(tf_env, tmp_path / "kernel", sbatch_args=("-N1", "--ntasks-per-node=1"), environ=environ) as kernel:
+        assert kernel.run("%load_ext jupyter_hpcai").status == "ok"
+        threading.Timer(3, lambda: (state / allocation.SIGNAL_MARK).write_text(f"{time.time():.0f}\n")).start()
+        cell = kernel.run("import time; time.sleep(8); print('cell done')")
+        assert cell.status == "ok", cell.error
+        assert re.search(rf"hpcai: Slurm job {kernel.job_id} reaches its walltime at \d\d:\d\d:\d\d \(in about \d+ min\)",
+                         cell.stdout), cell.stdout
+        assert cell.stdout.index("reaches its walltime") < cell.stdout.index("cell done")  # while it ran
+
+
+def test_the_extend_policy_says_why_not() -> None:
+    from jupyter_hpcai.errors import HPCAIError
+    from jupyter_hpcai.spawner.extend import new_limit
+
+    policy = {"gpu": "04:00:00"}
+    assert new_limit(policy, "gpu", 3600, 1800, None) == 5400
+    assert new_limit({"*": "02:00:00"}, "any", 3600, 1800, None) == 5400
+    with pytest.raises(HPCAIError, match="does not extend notebook jobs on partition debug"):
+        new_limit(policy, "debug", 3600, 1800, None)
+    with pytest.raises(HPCAIError, match="would be 05:00:00, over 04:00:00, the most this site allows on gpu") as err:
+        new_limit(policy, "gpu", 3600, 4 * 3600, None)
+    assert err.value.hint == "ask for at most 03:00:00 more"
+    with pytest.raises(HPCAIError, match="over 01:30:00"):  # the partition's own limit caps the policy
+        new_limit(policy, "gpu", 3600, 3600, 5400)
+    with pytest.raises(HPCAIError) as err:
+        new_limit(policy, "gpu", 4 * 3600, 600, None)
+    assert "at its longest" in err.value.hint
+
+
+def test_hooks_registered_after_the_signal_still_run(job_state: Path) -> None:
+    (job_state / allocation.SIGNAL_MARK).write_text("1000\n")
+    assert continuity.run_pending()["hooks"] == 0 and continuity.pending()  # nothing to run: still pending
+    calls: list[int] = []
+    continuity.on_walltime(lambda: calls.append(1))
+    for _ in range(continuity.CHECK_EVERY):
+        continuity.step()
+    assert calls == [1] and not continuity.pending()
