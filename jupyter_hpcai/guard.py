@@ -13,6 +13,7 @@ import os
 import sys
 import traceback
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +38,6 @@ class WalltimeGuard:
         self._hooks_done = False
         self._said_none = False  # that no rank has hooks, for this signal
         self._lock = threading.Lock()
-        self._stop = threading.Event()
 
     def start(self) -> None:
         """Follow the cells, and watch for the signal when this kernel runs in a notebook job that asked for it."""
@@ -46,12 +46,10 @@ class WalltimeGuard:
         if allocation.walltime_warning(self.environ) and self.environ.get(allocation.JOB_STATE_VAR):
             threading.Thread(target=self._watch, name="hpcai-walltime-guard", daemon=True).start()
 
-    def stop(self) -> None:
-        self._stop.set()
-
     def _watch(self) -> None:
         """Each new signal (a job extended is signalled again before its new end) is said and hooked once."""
-        while not self._stop.wait(POLL):
+        while True:
+            time.sleep(POLL)
             signal = allocation.walltime_signal(self.environ)
             if signal is None or signal == self.signal:
                 continue

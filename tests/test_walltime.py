@@ -80,8 +80,8 @@ def job_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv(allocation.JOB_STATE_VAR, str(tmp_path / "job"))
     monkeypatch.setenv(continuity.CHECKPOINT_DIR_VAR, str(tmp_path / "checkpoints"))
     (tmp_path / "job").mkdir()
-    monkeypatch.setattr(continuity, "_hooks", [])
-    monkeypatch.setattr(continuity, "_checkpoints", [])
+    monkeypatch.setattr(continuity, "_hooks", {})
+    monkeypatch.setattr(continuity, "_checkpoints", {})
     monkeypatch.setattr(continuity, "_steps", 0)
     monkeypatch.setattr(continuity, "_next_check", continuity.CHECK_EVERY)
     monkeypatch.setattr(continuity, "_ran_for", None)
@@ -123,7 +123,7 @@ def test_a_checkpoint_is_saved_whole_and_restored(job_state: Path) -> None:
     assert again.restore() == 10 and continuity.steps() == 10
     assert all(np.array_equal(a, b) for a, b in zip(fresh.weights, model.weights))
     report = continuity.restore_all()
-    assert report["step"] == 10 and len(report["restored"]) == 2
+    assert report["step"] == 10 and len(report["restored"]) == 1  # the latest Checkpoint of that name
     for _ in range(3):
         continuity.step()
     ckpt.save()
@@ -186,3 +186,29 @@ def test_hooks_registered_after_the_signal_still_run(job_state: Path) -> None:
     for _ in range(continuity.CHECK_EVERY):
         continuity.step()
     assert calls == [1] and not continuity.pending()
+
+
+def test_a_cell_run_again_replaces_its_hooks(job_state: Path) -> None:
+    model = StandIn(seed=1)
+    for _ in range(2):  # the same registering cell, twice
+        continuity.on_walltime(continuity.Checkpoint(model, name="a").save)
+    continuity.on_walltime(continuity.Checkpoint(model, name="b").save)
+    continuity.on_walltime(lambda: None)
+    continuity.on_walltime(lambda: None)
+    assert len(continuity._hooks) == 4  # checkpoint a, checkpoint b, two lambdas
+    report = continuity.run_hooks()
+    assert report["hooks"] == 4 and not report["errors"] and len(report["saved"]) == 2
+
+
+def test_a_failing_save_is_reported_and_the_others_still_run(job_state: Path) -> None:
+    class Full(StandIn):
+        def get_weights(self) -> list[np.ndarray]:
+            raise OSError("No space left on device")
+
+    continuity.on_walltime(continuity.Checkpoint(Full(seed=1), name="full").save)
+    continuity.on_walltime(continuity.Checkpoint(StandIn(seed=2), name="fine").save)
+    report = continuity.run_hooks()
+    assert len(report["errors"]) == 1 and "OSError: No space left on device" in report["errors"][0]
+    assert [Path(p).parent.name for p in report["saved"]] == ["fine"]
+    full = continuity.Checkpoint(StandIn(seed=3), name="full").directory
+    assert not list(full.glob("step-*")) and not (full / "latest").exists()  # nothing half-written counts

@@ -33,8 +33,8 @@ CHECK_EVERY = 10  # steps between the ranks' agreement on the walltime signal (o
 CHECKPOINT_DIR_VAR = "HPCAI_CHECKPOINT_DIR"
 KEEP = 2  # checkpoints kept per name, newest first
 
-_hooks: list[Callable[[], Any]] = []
-_checkpoints: list[Checkpoint] = []
+_hooks: dict[Any, Callable[[], Any]] = {}  # by name: a cell run again replaces its hooks, it does not add more
+_checkpoints: dict[str, Checkpoint] = {}  # by name, the latest made
 _steps = 0
 _next_check = CHECK_EVERY
 _ran_for: float | None = None  # the signal the hooks last ran for
@@ -43,10 +43,14 @@ LOOK_EVERY = 1.0  # seconds between rank 0's looks for the signal's mark
 _looked, _pending = -LOOK_EVERY, False
 
 
-def on_walltime(hook: Callable[[], Any]) -> Callable[[], Any]:
-    """Run ``hook`` on this rank when the job's walltime nears (also a decorator); registered once."""
-    if hook not in _hooks:
-        _hooks.append(hook)
+def on_walltime(hook: Callable[[], Any], name: str | None = None) -> Callable[[], Any]:
+    """Run ``hook`` on this rank when the job's walltime nears (also a decorator). Registering again under the
+    same name replaces the earlier hook, so running a cell twice does not add a second: ``name`` defaults to
+    the checkpoint's for a ``Checkpoint``'s save, else to the function's qualified name (lambdas: each its own)."""
+    owner = getattr(hook, "__self__", None)
+    key: Any = name or (f"checkpoint {owner.name}" if isinstance(owner, Checkpoint)
+                        else getattr(hook, "__qualname__", None))
+    _hooks[hook if key is None or key.endswith("<lambda>") else key] = hook
     return hook
 
 
@@ -94,7 +98,7 @@ def run_hooks(directory: str | None = None) -> dict[str, Any]:
     _directory = Path(directory).expanduser() if directory else None
     started, errors = time.monotonic(), []
     try:
-        for hook in _hooks:
+        for hook in list(_hooks.values()):
             try:
                 hook()
             except Exception as err:
@@ -103,7 +107,7 @@ def run_hooks(directory: str | None = None) -> dict[str, Any]:
     finally:
         _directory = None
     return {"hooks": len(_hooks), "seconds": time.monotonic() - started, "step": _steps, "errors": errors,
-            "saved": [str(c.last_saved) for c in _checkpoints if c.last_saved]}
+            "saved": [str(c.last_saved) for c in _checkpoints.values() if c.last_saved]}
 
 
 def run_pending(directory: str | None = None) -> dict[str, Any]:
@@ -145,7 +149,7 @@ def restore_all(directory: str | None = None) -> dict[str, Any]:
     if not _checkpoints:
         return {"restored": [], "step": _steps, "missing": "no hpc.Checkpoint made on this rank"}
     restored = []
-    for checkpoint in _checkpoints:
+    for checkpoint in _checkpoints.values():
         folder = Path(directory).expanduser() if directory else checkpoint.directory
         if checkpoint.restore(folder) is not None:
             restored.append(str(checkpoint.last_restored))
@@ -154,13 +158,13 @@ def restore_all(directory: str | None = None) -> dict[str, Any]:
 
 def any_rank(flag: bool) -> bool:
     """Whether any rank's ``flag`` is set: a collective through the initialised framework (every rank calls it)."""
+    return bool(_max_over_ranks(int(flag)))
+
+
+def _max_over_ranks(value: int) -> int:
+    """The largest of every rank's ``value`` (a collective), or ``value`` without a framework."""
     framework = rankside.initialised()
-    return bool(framework.max_over_ranks(int(flag))) if framework is not None else flag
-
-
-def _barrier() -> None:
-    if (framework := rankside.initialised()) is not None:
-        framework.max_over_ranks(0)
+    return framework.max_over_ranks(value) if framework is not None else value
 
 
 def _rank() -> int:
@@ -254,30 +258,42 @@ class Checkpoint:
         self.directory = Path(directory).expanduser() if directory else Path(root) / name
         self.last_saved: Path | None = None
         self.last_restored: Path | None = None
-        _checkpoints.append(self)
+        _checkpoints[name] = self
 
     def save(self, step: int | None = None) -> Path:
         """Save now (rank 0 writes; every rank returns once it is written); the saved folder."""
         step = _steps if step is None else step
         directory = _directory or self.directory
         folder = directory / f"step-{step:09d}"
+        error: Exception | None = None
         if _rank() == 0:
-            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            partial = directory / f".{folder.name}.partial-{os.getpid()}"
-            shutil.rmtree(partial, ignore_errors=True)
-            partial.mkdir(mode=0o700)
-            self.format.save(self.model, self.optimizer, partial)  # type: ignore[union-attr]
-            meta = {"step": step, "saved_at": time.time(), "name": self.name,
-                    "job": os.environ.get("SLURM_JOB_ID", ""), "ranks": _world_size()}
-            (partial / "meta.json").write_text(json.dumps(meta))
-            shutil.rmtree(folder, ignore_errors=True)
-            partial.rename(folder)
-            _write_whole(directory / "latest", folder.name)
-            for old in sorted(directory.glob("step-*"))[:-KEEP]:
-                shutil.rmtree(old, ignore_errors=True)
-        _barrier()
+            try:
+                self._write(directory, folder, step)
+            except Exception as err:  # the other ranks still get their answer below, then everyone raises
+                error = err
+        failed = _max_over_ranks(int(error is not None))  # the others wait for rank 0 here, and learn how it went
+        if error is not None:
+            raise error
+        if failed:
+            raise RuntimeError(f"rank 0 could not write the checkpoint {folder} (its error says why)")
         self.last_saved = folder
         return folder
+
+    def _write(self, directory: Path, folder: Path, step: int) -> None:
+        """On rank 0: a temporary folder, renamed whole, then ``latest``; the oldest saves beyond KEEP go."""
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        partial = directory / f".{folder.name}.partial-{os.getpid()}"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(mode=0o700)
+        self.format.save(self.model, self.optimizer, partial)  # type: ignore[union-attr]
+        meta = {"step": step, "saved_at": time.time(), "name": self.name,
+                "job": os.environ.get("SLURM_JOB_ID", ""), "ranks": _world_size()}
+        (partial / "meta.json").write_text(json.dumps(meta))
+        shutil.rmtree(folder, ignore_errors=True)
+        partial.rename(folder)
+        _write_whole(directory / "latest", folder.name)
+        for old in sorted(directory.glob("step-*"))[:-KEEP]:
+            shutil.rmtree(old, ignore_errors=True)
 
     def restore(self, directory: str | os.PathLike[str] | None = None) -> int | None:
         """Load the latest save into the model and optimizer on this rank; its step (which ``hpc.steps()``
