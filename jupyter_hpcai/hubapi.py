@@ -23,9 +23,12 @@ def extend(seconds: int, environ: Mapping[str, str] | None = None) -> dict[str, 
 
 def _post(path: str, body: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
     url, token = environ.get("JUPYTERHUB_API_URL", ""), environ.get("JUPYTERHUB_API_TOKEN", "")
-    if not url or not token:
+    if not url:
         raise HPCAIError("this notebook server was not started by a JupyterHub, so there is no hub to ask",
                          "start the notebook from the hub's page")
+    if not token:
+        raise HPCAIError("this kernel holds no hub token (a container env's kernel never gets one)",
+                         "use the side panel's Extend button: it asks through the notebook server")
     request = urllib.request.Request(f"{url.rstrip('/')}/{path}", data=json.dumps(body).encode(), method="POST",
                                      headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the hub is reached directly

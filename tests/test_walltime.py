@@ -212,3 +212,14 @@ def test_a_failing_save_is_reported_and_the_others_still_run(job_state: Path) ->
     assert [Path(p).parent.name for p in report["saved"]] == ["fine"]
     full = continuity.Checkpoint(StandIn(seed=3), name="full").directory
     assert not list(full.glob("step-*")) and not (full / "latest").exists()  # nothing half-written counts
+
+
+def test_asking_the_hub_without_one_says_what_to_do() -> None:
+    from jupyter_hpcai import hubapi
+    from jupyter_hpcai.errors import HPCAIError
+
+    with pytest.raises(HPCAIError, match="not started by a JupyterHub"):
+        hubapi.extend(600, {})
+    with pytest.raises(HPCAIError, match="holds no hub token") as err:
+        hubapi.extend(600, {"JUPYTERHUB_API_URL": "http://127.0.0.1:1/hub/api"})
+    assert "side panel's Extend" in err.value.hint
