@@ -83,6 +83,7 @@ def job_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(continuity, "_hooks", {})
     monkeypatch.setattr(continuity, "_checkpoints", {})
     monkeypatch.setattr(continuity, "_steps", 0)
+    monkeypatch.setattr(continuity, "_epoch", 0)
     monkeypatch.setattr(continuity, "_next_check", continuity.CHECK_EVERY)
     monkeypatch.setattr(continuity, "_ran_for", None)
     monkeypatch.setattr(continuity, "LOOK_EVERY", 0.0)  # rank 0 looks at every check (once a second in a job)
@@ -115,12 +116,14 @@ def test_a_checkpoint_is_saved_whole_and_restored(job_state: Path) -> None:
     model.weights[0] += 1
     for _ in range(3):
         continuity.step()
+    continuity._epoch = 2  # as the Keras callback keeps it
     second = ckpt.save()
+    continuity._epoch = 5
     assert (first.name, second.name) == ("step-000000007", "step-000000010")
     assert (ckpt.directory / "latest").read_text() == second.name and not list(ckpt.directory.glob(".*partial*"))
     fresh = StandIn(seed=2)
     again = continuity.Checkpoint(fresh, name="unit")
-    assert again.restore() == 10 and continuity.steps() == 10
+    assert again.restore() == 10 and continuity.steps() == 10 and continuity.epoch() == 2
     assert all(np.array_equal(a, b) for a, b in zip(fresh.weights, model.weights))
     report = continuity.restore_all()
     assert report["step"] == 10 and len(report["restored"]) == 1  # the latest Checkpoint of that name
@@ -223,3 +226,45 @@ def test_asking_the_hub_without_one_says_what_to_do() -> None:
     with pytest.raises(HPCAIError, match="holds no hub token") as err:
         hubapi.extend(600, {"JUPYTERHUB_API_URL": "http://127.0.0.1:1/hub/api"})
     assert "side panel's Extend" in err.value.hint
+
+
+KERAS = """
+import json, os, sys
+import numpy as np, tensorflow as tf
+from jupyter_hpcai.engines import continuity as hpc
+model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+opt = tf.keras.optimizers.SGD(0.1, momentum=0.9)
+model.compile(opt, "mse")
+x, y = np.ones((8, 4), "float32"), np.zeros((8, 2), "float32")
+ckpt = hpc.Checkpoint(model, opt, name="keras-unit")
+hpc.on_walltime(ckpt.save)
+open(os.path.join(os.environ["HPCAI_JOB_STATE"], "walltime"), "w").write("1000")  # the signal, before training
+model.fit(x, y, batch_size=2, epochs=3, verbose=0, callbacks=[hpc.keras_callback(2, stop=True)])
+saved = [w.copy() for w in model.get_weights()]
+model.fit(x, y, batch_size=2, epochs=2, verbose=0)  # the weights move on
+fresh = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+fresh_opt = tf.keras.optimizers.SGD(0.1, momentum=0.9)
+step = hpc.Checkpoint(fresh, fresh_opt, name="keras-unit").restore()
+print(json.dumps({"step": step, "epoch": hpc.epoch(), "same": all(np.array_equal(a, b) for a, b in zip(saved, fresh.get_weights())),
+                  "slots": len(fresh_opt.variables)}))
+"""
+
+
+@pytest.mark.slow  # the tf env (built once per machine)
+def test_keras_callback_stops_at_the_signal_and_the_checkpoint_restores(tf_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Real Keras (the tf env's python, one process, no framework: the rank's own flag is the world's): the
+    callback runs the hook at the first check after the signal and stops training; a fresh model and
+    optimizer restore the saved weights, the optimizer's momentum slots and the step and epoch."""
+    import json
+
+    (tmp_path / "job").mkdir()
+    env = {**os.environ, allocation.JOB_STATE_VAR: str(tmp_path / "job"),
+           continuity.CHECKPOINT_DIR_VAR: str(tmp_path / "checkpoints"), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    from jupyter_hpcai.envs import open_env
+
+    done = subprocess.run([open_env(tf_env).python, "-c", KERAS], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"step": 10, "epoch": 2, "same": True, "slots": 3}, found  # 4 batches an epoch: step 10 is in epoch 2
+    assert "walltime near: ran 1 walltime hook(s) at step 10" in done.stdout

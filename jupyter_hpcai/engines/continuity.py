@@ -8,7 +8,7 @@ of each rank's flag), so that every rank runs the hooks at the same step. Ranks 
 when the kernel asks (``Engines.checkpoint``). Either way the hooks run once per signal, in the order they
 were registered, and ``%hpc checkpoint`` runs them on demand.
 
-A ``Checkpoint`` saves model, optimizer and step: rank 0 writes a new folder whole (a temporary name, then a
+A ``Checkpoint`` saves model, optimizer, step and epoch: rank 0 writes a new folder whole (a temporary name, then a
 rename) and points ``latest`` at it, while the other ranks wait for it in a collective; ``restore`` loads the
 latest on every rank. The folder is ``$HPCAI_CHECKPOINT_DIR/<name>``, by default ``~/.hpcai/checkpoints/<name>``
 (a site points the variable at scratch: checkpoints can be large).
@@ -36,6 +36,7 @@ KEEP = 2  # checkpoints kept per name, newest first
 _hooks: dict[Any, Callable[[], Any]] = {}  # by name: a cell run again replaces its hooks, it does not add more
 _checkpoints: dict[str, Checkpoint] = {}  # by name, the latest made
 _steps = 0
+_epoch = 0  # the epoch the Keras callback is in, or the one a restore resumed at
 _next_check = CHECK_EVERY
 _ran_for: float | None = None  # the signal the hooks last ran for
 _directory: Path | None = None  # where Checkpoint.save writes while %hpc checkpoint PATH runs the hooks
@@ -74,12 +75,22 @@ def steps() -> int:
     return _steps
 
 
+def epoch() -> int:
+    """The epoch the Keras callback is in, or the one a ``Checkpoint.restore`` resumed at:
+    ``model.fit(..., initial_epoch=hpc.epoch())`` continues there."""
+    return _epoch
+
+
 def keras_callback(batch_size: int = 1, stop: bool = False) -> Any:
-    """A Keras callback calling ``step`` after every batch; with ``stop``, training stops once the walltime
-    hooks ran. ``model.fit(..., callbacks=[hpc.keras_callback(batch_size)])``."""
+    """A Keras callback calling ``step`` after every batch and keeping ``epoch``; with ``stop``, training stops
+    once the walltime hooks ran. ``model.fit(..., callbacks=[hpc.keras_callback(batch_size)])``."""
     import tensorflow as tf
 
     class Walltime(tf.keras.callbacks.Callback):  # type: ignore[misc,name-defined]
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            global _epoch
+            _epoch = epoch
+
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             before = _ran_for
             step(batch_size)
@@ -286,7 +297,7 @@ class Checkpoint:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(mode=0o700)
         self.format.save(self.model, self.optimizer, partial)  # type: ignore[union-attr]
-        meta = {"step": step, "saved_at": time.time(), "name": self.name,
+        meta = {"step": step, "epoch": _epoch, "saved_at": time.time(), "name": self.name,
                 "job": os.environ.get("SLURM_JOB_ID", ""), "ranks": _world_size()}
         (partial / "meta.json").write_text(json.dumps(meta))
         shutil.rmtree(folder, ignore_errors=True)
@@ -297,15 +308,16 @@ class Checkpoint:
 
     def restore(self, directory: str | os.PathLike[str] | None = None) -> int | None:
         """Load the latest save into the model and optimizer on this rank; its step (which ``hpc.steps()``
-        continues from), or None when nothing was saved there yet."""
-        global _steps, _next_check
+        continues from; ``hpc.epoch()`` is its epoch), or None when nothing was saved there yet."""
+        global _steps, _epoch, _next_check
         directory = Path(directory).expanduser() if directory else self.directory
         try:
             folder = directory / (directory / "latest").read_text().strip()
         except FileNotFoundError:
             return None
         self.format.load(self.model, self.optimizer, folder)  # type: ignore[union-attr]
-        _steps = json.loads((folder / "meta.json").read_text())["step"]
+        meta = json.loads((folder / "meta.json").read_text())
+        _steps, _epoch = meta["step"], meta.get("epoch", 0)
         _next_check = _steps + CHECK_EVERY
         self.last_restored = folder
         return int(_steps)
