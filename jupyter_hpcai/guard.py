@@ -124,11 +124,22 @@ class WalltimeGuard:
 def report(reports: dict[int, dict[str, Any]]) -> str:
     """The ranks' walltime reports, ranks with the same words on one line (with the slowest rank's time)."""
     slowest = max((found["seconds"] for found in reports.values()), default=0.0)
+    return grouped({rank: describe({**found, "seconds": slowest}) for rank, found in reports.items()})
+
+
+def restored(reports: dict[int, dict[str, Any]]) -> str:
+    """What ``Engines.restore`` loaded on each rank, ranks with the same outcome on one line."""
+    return grouped({rank: f"resumed at step {found['step']} from {', '.join(found['restored'])}" if found["restored"]
+                    else f"nothing restored: {found['missing']}" for rank, found in reports.items()})
+
+
+def grouped(words: dict[int, str]) -> str:
+    """One ``hpcai: ranks 0-2: ...`` line per distinct text, in rank order."""
     groups: dict[str, list[int]] = {}
-    for rank, found in sorted(reports.items()):
-        groups.setdefault(describe({**found, "seconds": slowest}), []).append(rank)
-    return "".join(f"hpcai: rank{'s' if len(ranks) > 1 else ''} {rank_ranges(ranks)}: {words}\n"
-                   for words, ranks in groups.items())
+    for rank, text in sorted(words.items()):
+        groups.setdefault(text, []).append(rank)
+    return "".join(f"hpcai: rank{'s' if len(ranks) > 1 else ''} {rank_ranges(ranks)}: {text}\n"
+                   for text, ranks in groups.items())
 
 
 def rank_ranges(ranks: list[int]) -> str:

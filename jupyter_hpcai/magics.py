@@ -174,7 +174,7 @@ class HPCMagics(Magics):  # type: ignore[misc]
             granted = hubapi.extend(args.duration)
             print(f"Slurm job {granted['job_id']} extended: time limit {granted['time_limit']}, ends {granted['end_time']}")
         elif args.command == "restore":
-            print(_restored(engines.restore(args.path)), end="")
+            print(guard.restored(engines.restore(args.path)), end="")
         elif args.command == "panel":
             from .widgets import ClusterPanel
 
@@ -276,16 +276,6 @@ def _print_ranks(ranks: list[engines_api.Rank]) -> None:
         print(f"  {'rank':>4}  {'host':<12} {'gpu':<4} {'pid':>8}  alive")
     for r in ranks:
         print(f"  {r.rank:>4}  {r.host:<12} {r.gpu or '-':<4} {r.pid:>8}  {'yes' if r.alive else 'NO (dead)'}")
-
-
-def _restored(reports: dict[int, dict[str, Any]]) -> str:
-    """What %hpc restore loaded, ranks with the same outcome on one line."""
-    lines: dict[str, list[int]] = {}
-    for rank, found in sorted(reports.items()):
-        words = (f"resumed at step {found['step']} from {', '.join(found['restored'])}" if found["restored"]
-                 else f"nothing restored: {found['missing']}")
-        lines.setdefault(words, []).append(rank)
-    return "".join(f"hpcai: ranks {guard.rank_ranges(ranks)}: {words}\n" for words, ranks in lines.items())
 
 
 _guard: guard.WalltimeGuard | None = None
