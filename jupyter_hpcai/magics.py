@@ -88,6 +88,9 @@ def hpc_parser() -> _Parser:
                        help="initialised by every rank as it starts (auto: the env's, Horovod first)")
     for name in ("stop", "restart", "status", "panel"):
         sub.add_parser(name)
+    attach = sub.add_parser("attach", help="use engines running in this job already (an earlier kernel's, or "
+                                           "another notebook's), with what the ranks hold")
+    attach.add_argument("cluster_id", nargs="?", help="which set (default: the only one no kernel uses, else the only one)")
     start.add_argument("--telemetry", type=_interval, default=telemetry.DEFAULT_INTERVAL, metavar="SECONDS",
                        help="seconds between the ranks' telemetry samples (0: off)")
     top = sub.add_parser("top", help="every rank's CPU, memory, GPU and training rate, updated live")
@@ -138,7 +141,7 @@ class HPCMagics(Magics):  # type: ignore[misc]
     @line_magic
     def hpc(self, line: str) -> Any:
         """%hpc start [-n N] [--nodes K] [--gpus-per-node G] [--launcher srun|mpirun|local] [--framework F]
-        [--telemetry S] | stop | restart | status | top [--for S] [--straggler SHARE] | telemetry S | stacks [--native]
+        [--telemetry S] | attach [CLUSTER_ID] | stop | restart | status | top [--for S] [--straggler SHARE] | telemetry S | stacks [--native]
         | checkpoint [PATH] | restore [PATH] | extend DURATION | panel"""
         args = parse(hpc_parser(), line)
         engines = engines_api.current()
@@ -146,8 +149,17 @@ class HPCMagics(Magics):  # type: ignore[misc]
             ranks = engines.start(n=args.n, nodes=args.nodes, gpus_per_node=args.gpus_per_node, launcher=args.launcher,
                                   framework=None if args.framework == "none" else args.framework,
                                   telemetry_interval=args.telemetry)
+            for old in engines.replaced:
+                print(f"stopped {old.cluster_id} ({old.n} ranks), left running by a kernel that is gone "
+                      "(%hpc attach would have used it)")
             warm = f"; {engines.warm} initialising on every rank" if engines.warm else ""
             print(f"{len(ranks)} engines ready ({engines.layout.launcher}){warm}:")  # type: ignore[union-attr]
+            _print_ranks(ranks)
+        elif args.command == "attach":
+            ranks = engines.attach(args.cluster_id)
+            ready = f"; {engines.framework} initialised" if engines.framework else ""
+            print(f"attached to {engines.cluster.cluster_id}: {len(ranks)} engines ({engines.layout.launcher}){ready}, "  # type: ignore[union-attr]
+                  "with everything defined on them:")
             _print_ranks(ranks)
         elif args.command == "stop":
             engines.stop()

@@ -64,16 +64,31 @@ SHOW = "print(json.dumps({'trained': trained}) if 'trained' in dir() else json.d
 
 
 class Kernel:
-    """A kernel of the tf env in the user's notebook server, reached through the hub's proxy."""
+    """A kernel of the tf env in one of the user's notebook servers, reached through the hub's proxy."""
 
-    def __init__(self, hub: Hub, name: str) -> None:
-        self.server = Server(f"{hub.url}/user/{USER}", hub.user_token(), Path("/dev/null"))
+    def __init__(self, hub: Hub, name: str, server: str = "") -> None:
+        self.server = Server(f"{hub.url}/user/{USER}" + (f"/{server}" if server else ""), hub.user_token(),
+                             Path("/dev/null"))
         status, kernel = self.server.request("POST", "/api/kernels", {"name": name})
         assert status == 201, kernel
         self.id = kernel["id"]
 
     def run(self, code: str, timeout: float = 240) -> dict[str, Any]:
         return asyncio.run(execute(self.server.url, self.server.token, self.id, code, timeout=timeout))
+
+    def ok(self, code: str, timeout: float = 240) -> str:
+        """Run ``code``, which must succeed; its output."""
+        ran = self.run(code, timeout)
+        assert ran["status"] == "ok", ran
+        return str(ran["stdout"])
+
+    def restart(self) -> None:
+        status, body = self.server.request("POST", f"/api/kernels/{self.id}/restart")
+        assert status == 200, body
+
+    def shut_down(self) -> None:
+        status, body = self.server.request("DELETE", f"/api/kernels/{self.id}")
+        assert status == 204, body
 
     def value(self, cell: str) -> Any:
         """Run a %%horovod_run cell storing its per-rank list, then read it back as JSON."""
@@ -102,6 +117,15 @@ def _job_of_user() -> str:
                           timeout=30, check=True).stdout.split()
     assert len(jobs) == 1, jobs
     return jobs[0]
+
+
+def _spawn(hub: Hub, nodes: int, walltime: str) -> str:
+    """The user's server as a notebook job on ``nodes`` nodes with one GPU each; its job id, once it is ready."""
+    status, body = hub.api("POST", f"/users/{USER}/server",
+                           {"profile": "2 nodes x 2 GPUs", "nodes": nodes, "gpus_per_node": 1, "walltime": walltime})
+    assert status in (201, 202), body
+    hub.wait_ready()
+    return _job_of_user()
 
 
 def _engine_processes() -> list[str]:
@@ -196,11 +220,7 @@ def test_extend_within_the_site_policy_and_refusals(hub: Hub, tf_kernelspec: str
     and a token that is not the server's own extends nothing."""
     from jupyter_hpcai import slurm
 
-    status, body = hub.api("POST", f"/users/{USER}/server",
-                           {"profile": "2 nodes x 2 GPUs", "nodes": 1, "gpus_per_node": 1, "walltime": "00:30:00"})
-    assert status in (201, 202), body
-    hub.wait_ready()
-    job = _job_of_user()
+    job = _spawn(hub, 1, "00:30:00")
     kernel = Kernel(hub, tf_kernelspec)
     granted = kernel.run("%load_ext jupyter_hpcai\n%hpc extend 30m")
     assert granted["status"] == "ok", granted
@@ -241,3 +261,53 @@ def test_extend_within_the_site_policy_and_refusals(hub: Hub, tf_kernelspec: str
         browser.close()
     assert slurm.job_info(job)["TimeLimit"] == "02:00:00"  # type: ignore[index]
     hub.stop_server()
+
+
+READ_STATE = "%%horovod_run -o now\n[state, os.getpid(), hvd.size()]\n"
+
+
+def test_engines_outlive_their_kernel_and_another_kernel_attaches(hub: Hub, tf_kernelspec: str) -> None:
+    """A kernel restart keeps the engines and what the ranks hold: %hpc attach gets them back, and so does a
+    second notebook's kernel; the side panel lists a set no kernel uses and stops it; engines whose kernel went
+    away stop with the job (their parent gone, Slurm's process tracking no longer sees them)."""
+    from playwright.sync_api import sync_playwright
+
+    job = _spawn(hub, 2, "00:20:00")
+    first = Kernel(hub, tf_kernelspec)
+    first.ok("%load_ext jupyter_hpcai\n%hpc start", timeout=180)
+    first.ok("%%horovod_run\nimport os\nstate = {'rank': rank, 'steps': 1000 + rank}")
+    before = first.value(READ_STATE)["now"]
+    assert [r[0]["steps"] for r in before] == [1000, 1001] and [r[2] for r in before] == [2, 2], before
+
+    first.restart()  # the notebook's kernel restarts: its variables go, the ranks' stay
+    attached = first.ok("%load_ext jupyter_hpcai\n%hpc attach")
+    assert re.search(rf"attached to hpcai-{job}-\d+-\d+: 2 engines \(srun\); horovod initialised", attached), attached
+    assert first.value(READ_STATE)["now"] == before  # the same rank processes, with their state
+    second = Kernel(hub, tf_kernelspec)  # a second notebook in the same job, while the first still uses them
+    second.ok("%load_ext jupyter_hpcai\n%hpc attach")
+    assert second.value(READ_STATE)["now"] == before
+
+    first.shut_down()
+    second.shut_down()
+    assert _engine_processes()  # no kernel, the engines go on
+    with sync_playwright() as p:  # the side panel lists them as used by no kernel, and stops them
+        browser, page = logged_in_page(p, hub)
+        page.goto(f"{hub.url}/user/{USER}/lab")
+        page.click('li[data-id="hpcai-panel"]', timeout=120_000)
+        page.wait_for_selector("#hpcai-panel .hpcai-detached:has-text('%hpc attach hpcai-')", timeout=60_000)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "side-panel-detached.png"))
+        page.click("#hpcai-panel .hpcai-stop-button")
+        page.wait_for_selector("#hpcai-panel:has-text('No engines')", timeout=60_000)
+        browser.close()
+    wait_until(lambda: not _engine_processes() or None, timeout=30, what="the stopped engines' processes to end")
+
+    # a kernel that goes away leaves its engines running; the job's end stops them
+    third = Kernel(hub, tf_kernelspec)
+    third.ok("%load_ext jupyter_hpcai\n%hpc start", timeout=180)
+    third.shut_down()
+    assert any("ipcontroller" in line or "ipyparallel" in line for line in _engine_processes())
+    hub.stop_server()
+    wait_until(lambda: not subprocess.run(["squeue", "--noheader", "--job", job], capture_output=True, text=True,
+                                          timeout=30).stdout.strip() or None, timeout=120, what=f"job {job} to end")
+    wait_until(lambda: not _engine_processes() or None, timeout=60, what="the user's engine processes to end")

@@ -35,7 +35,33 @@ def test_the_script_asks_for_the_signal_at_most_half_the_walltime() -> None:
     assert "#SBATCH --signal=B:USR1@60\n" in _render(60, ["server"])
     assert "#SBATCH --signal=B:USR1@90\n" in _render(600, ["server"])  # a 3-minute job: half of it
     plain = _render(0, ["server"])
-    assert "--signal" not in plain and "trap" not in plain and plain.rstrip().endswith("server")
+    assert "--signal" not in plain and "USR1" not in plain and "\nserver &\n" in plain
+
+
+def test_the_jobs_end_stops_engines_that_outlived_their_kernel(tmp_path: Path) -> None:
+    """Slurm's SIGTERM at the job's end (scancel, the walltime) runs the batch shell's exit: the processes an
+    engine set recorded are stopped if they are this job's (here: started with its SLURM_JOB_ID, their parent
+    gone, as a controller is when its kernel died), a recorded pid now another job's is left alone."""
+    path = tmp_path / "job.sh"
+    path.write_text(_render(0, ["sleep", "300"], home=str(tmp_path)))
+    job = subprocess.Popen(["bash", str(path)], env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "77"},
+                           start_new_session=True)
+    state = tmp_path / ".hpcai" / "jobs" / "77"
+    wait_until(lambda: state.is_dir() or None, timeout=10, what="the job's folder")
+    ours, other = (subprocess.Popen(["sleep", "300"], start_new_session=True,
+                                    env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": job_id}) for job_id in ("77", "78"))
+    (state / "engines").mkdir(mode=0o700)
+    (state / "engines" / "hpcai-77-1-0").write_text(f"{ours.pid} {other.pid}\n")
+    os.killpg(job.pid, signal.SIGTERM)  # as Slurm signals every process of the batch step
+    job.wait(timeout=30)
+    try:
+        assert ours.wait(timeout=10) == -signal.SIGTERM
+        assert other.poll() is None
+        assert not state.exists()
+    finally:
+        for process in (ours, other):
+            process.kill()
+            process.wait()
 
 
 def test_the_trap_marks_the_signal_and_the_server_goes_on(tmp_path: Path) -> None:
@@ -268,3 +294,37 @@ def test_keras_callback_stops_at_the_signal_and_the_checkpoint_restores(tf_env, 
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found == {"step": 10, "epoch": 2, "same": True, "slots": 3}, found  # 4 batches an epoch: step 10 is in epoch 2
     assert "walltime near: ran 1 walltime hook(s) at step 10" in done.stdout
+
+
+def test_attach_chooses_the_set_no_kernel_uses_and_names_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which running set `%hpc attach` takes: the one named, else the only one no kernel uses, else the only one;
+    several candidates, or none, is an error that lists them."""
+    from types import SimpleNamespace
+
+    from jupyter_hpcai.engines import listing
+    from jupyter_hpcai.errors import HPCAIError
+
+    def a_set(cluster_id: str, owner: int, running: bool = True) -> listing.EngineSet:
+        controller = SimpleNamespace(state="running") if running else None
+        return listing.EngineSet(SimpleNamespace(cluster_id=cluster_id, controller=controller),
+                                 {"owners": [owner], "ranks": [{"engine_id": 0}]})
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    used, left, gone = a_set("hpcai-7-1-0", os.getpid()), a_set("hpcai-7-2-0", dead.pid), a_set("hpcai-7-3-0", 0, False)
+    sets = [used, left, gone]
+    monkeypatch.setattr(listing, "job_sets", lambda job: sets)
+    assert used.attached and not left.attached
+    assert listing.attachable("7") is left
+    assert listing.attachable("7", "hpcai-7-1-0") is used
+    with pytest.raises(HPCAIError, match="no running engine set 'hpcai-7-3-0'"):
+        listing.attachable("7", "hpcai-7-3-0")
+    sets.remove(left)
+    assert listing.attachable("7") is used  # another notebook's, the only one
+    sets.append(a_set("hpcai-7-4-0", os.getpid()))
+    with pytest.raises(HPCAIError, match="2 engine sets could be attached to") as err:
+        listing.attachable("7")
+    assert "%hpc attach CLUSTER_ID" in err.value.hint
+    sets.clear()
+    with pytest.raises(HPCAIError, match="no engines are running in this job"):
+        listing.attachable("7")

@@ -5,6 +5,10 @@ interfaces); the engines are launched as one set (see launch.py), side by side w
 rank imports and initialises its framework (boot.py) while the controller starts and the engines register.
 Cluster files live where ipyparallel keeps them (the IPython profile's security/ folder, private to the
 user), so the server extension can list them without a registry of its own.
+
+Inside a job the engines outlive their kernel (a restart, a crash): another kernel of the job attaches to them
+with their state (``attach``), the side panel lists and stops them, ``start`` stops the ones no kernel uses any
+more, and the job's end stops them all (listing.record_processes). Outside a job they stop with the kernel.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -110,7 +114,9 @@ class Engines:
         self.timeline: Timeline | None = None
         self.folder: Path | None = None  # the set's private folder (listing.py): rank output, telemetry, rank table
         self.telemetry_interval = telemetry.DEFAULT_INTERVAL
-        atexit.register(self._remove_folder)  # a kernel that exits with engines running (ipyparallel stops them)
+        self.replaced: list[listing.EngineSet] = []  # sets no kernel used, stopped by the last start
+        if allocation is None:  # outside a job nothing would stop them: they go with the kernel (ipyparallel's atexit)
+            atexit.register(self._remove_folder)
         self.state: State = "stopped"
         self._listeners: list[Callable[[Engines], None]] = []
         self._running_cell = threading.Lock()
@@ -153,6 +159,7 @@ class Engines:
         if self.running:
             self.stop(notify=False)
         self._set_state("restarting" if restarting else "starting")
+        self.replaced = listing.stop_detached(self.job)  # a restarted kernel's engines: GPUs nobody uses
         try:
             self._start(layout, warm, timeout, progress)
         except BaseException:
@@ -163,20 +170,21 @@ class Engines:
 
     def _start(self, layout: Layout, warm: str | None, timeout: float, progress: Progress | None) -> None:
         self.timeline = timeline = Timeline()
-        job = self.allocation.job_id if self.allocation else "local"
-        cluster_id = f"hpcai-{job}-{os.getpid()}-{next(_start_ids)}"  # never a previous start's files
+        cluster_id = f"hpcai-{self.job}-{os.getpid()}-{next(_start_ids)}"  # never a previous start's files
         config = Config()
         config.RankSetLauncher.launcher = layout.launcher
         self.cluster = cluster = ipp.Cluster(
             n=layout.n, engine_launcher_class=RankSetLauncher, controller_ip=controller_ip(self.allocation),
             cluster_id=cluster_id, config=config, engine_timeout=int(timeout), log_level=40,
-            controller_args=CONTROLLER_ARGS, send_engines_connection_env=False)
+            controller_args=CONTROLLER_ARGS, send_engines_connection_env=False,
+            shutdown_atexit=self.allocation is None)
         # the set's folder sits in the profile, which every node reads already (the connection file); the
         # command names it, so it is set once the cluster knows its profile (the engine set reads the cluster's config)
         self.folder = listing.create_set_folder(Path(cluster.profile_dir), cluster_id)
         cluster.config.RankSetLauncher.command = self.command(layout, self.folder)
         connection_file = Path(cluster.profile_dir) / "security" / f"ipcontroller-{cluster_id}-engine.json"
         self.layout, self.warm = layout, warm
+        self._write_rank_table()  # owned from the start: another kernel's start leaves a starting set alone
         cluster.start_controller_sync()
         timeline.mark("controller process started")
         # The ranks start now, beside the controller; each waits for the controller's file (boot.py).
@@ -185,6 +193,7 @@ class Engines:
             "HPCAI_CONNECTION_FILE": str(connection_file), "HPCAI_CONTROLLER_TIMEOUT": str(timeout),
             telemetry.FOLDER_VAR: str(self.folder), telemetry.INTERVAL_VAR: str(self.telemetry_interval)})
         timeline.mark("launcher started")
+        listing.record_processes(cluster)
         try:
             self._client = cluster.connect_client_sync()
         except (RuntimeError, TimeoutError) as err:
@@ -195,11 +204,58 @@ class Engines:
         timeline.mark("controller up")
         registered = self._wait_for_engines(layout.n, timeout, progress)
         timeline.mark("all registered", max(registered.values()))
-        self.ranks, self.versions, rank_timelines = self._rank_table()
-        listing.write_rank_table(self.folder, layout.launcher, [asdict(r) for r in self.ranks],
-                                 container=ContainerLaunch.from_env(os.environ) is not None)
+        self.ranks, self.versions, rank_timelines, _ = self._rank_table()
+        self._write_rank_table()
         timeline.ranks_reached(rank_timelines)
         timeline.mark("rank table + preflight data")
+
+    @property
+    def job(self) -> str:
+        """The Slurm job the engines run in, "local" outside one (the first part of their cluster ids)."""
+        return self.allocation.job_id if self.allocation else "local"
+
+    def _write_rank_table(self, owners: Sequence[int] = ()) -> None:
+        """The rank table, this kernel among the set's owners (the kernels using it), with what another kernel
+        needs to attach."""
+        assert self.folder is not None and self.layout is not None
+        listing.write_rank_table(self.folder, self.layout.launcher, [asdict(r) for r in self.ranks],
+                                 container=ContainerLaunch.from_env(os.environ) is not None,
+                                 owners=sorted({*owners, os.getpid()}), layout=asdict(self.layout), warm=self.warm,
+                                 telemetry_interval=self.telemetry_interval)
+
+    def attach(self, cluster_id: str | None = None, timeout: float = 30) -> list[Rank]:
+        """Use engines that are running in this job already (an earlier kernel's, or another notebook's), with
+        everything defined on the ranks: ``cluster_id``, else the only set no kernel uses, else the only set."""
+        if self.running:
+            raise HPCAIError("this kernel has engines already", "use them, or %hpc stop them first")
+        found = listing.attachable(self.job, cluster_id)
+        cluster = found.cluster
+        try:
+            client = cluster.connect_client_sync(timeout=timeout)
+        except (RuntimeError, TimeoutError, OSError) as err:
+            raise HPCAIError(f"could not reach the controller of {found.cluster_id}: {err}",
+                             "stop the set (side panel) and start new engines with %hpc start") from None
+        wanted = {r["engine_id"] for r in found.table["ranks"]}
+
+        def registered() -> bool:
+            client.spin()
+            return wanted <= set(client.ids)
+
+        try:
+            wait_until(registered, timeout=timeout, what=f"the {len(wanted)} engines of {found.cluster_id} to answer",
+                       hint="ranks died: stop the set (side panel) and %hpc start new engines")
+        except HPCAIError:
+            client.close()
+            raise
+        self.cluster, self._client = cluster, client
+        self.folder = listing.set_folder(Path(cluster.profile_dir), found.cluster_id)
+        self.layout, self.warm = Layout(**found.table["layout"]), found.table.get("warm")
+        self.telemetry_interval = found.table.get("telemetry_interval", telemetry.DEFAULT_INTERVAL)
+        self.ranks, self.versions, _, frameworks = self._rank_table()
+        self.framework = frameworks.pop() if len(frameworks) == 1 else None  # initialised on every rank
+        self._write_rank_table(owners=found.table.get("owners", []))
+        self._set_state("running")
+        return self.ranks
 
     def _node_addresses(self) -> dict[str, str]:
         """Every node's Slurm address, for the ranks to find their interface (network.py); none outside a job."""
@@ -230,8 +286,9 @@ class Engines:
             progress(n, n)
         return seen
 
-    def _rank_table(self) -> tuple[list[Rank], dict[int, dict[str, Any]], list[dict[str, float]]]:
-        """One round trip: who each engine is, the versions the preflight compares, its boot timeline."""
+    def _rank_table(self) -> tuple[list[Rank], dict[int, dict[str, Any]], list[dict[str, float]], set[str | None]]:
+        """One round trip: who each engine is, the versions the preflight compares, its boot timeline, and the
+        frameworks the ranks initialised."""
         assert self._client is not None
         ids = list(self._client.ids)
         infos = self._client[ids].apply_sync(rankside.rank_info, list(DISTRIBUTIONS))
@@ -239,7 +296,8 @@ class Engines:
                        key=lambda pair: (pair[0].rank, pair[0].engine_id))
         if [r.rank for r, _ in ranks] != list(range(len(ranks))):  # no MPI rank (local launcher without MPI)
             ranks = [(replace(r, rank=k), i) for k, (r, i) in enumerate(ranks)]
-        return [r for r, _ in ranks], {r.rank: i["versions"] for r, i in ranks}, [i["timeline"] for _, i in ranks]
+        return ([r for r, _ in ranks], {r.rank: i["versions"] for r, i in ranks}, [i["timeline"] for _, i in ranks],
+                {i["framework"] for _, i in ranks})
 
     def stop(self, notify: bool = True) -> None:
         """Stop the engines and the controller. Harmless when nothing runs."""
@@ -253,6 +311,7 @@ class Engines:
                 cluster.stop_cluster_sync()
             except Exception:  # engines that died already; the controller still goes
                 cluster.stop_controller_sync()
+            listing.forget_processes(cluster.cluster_id)
         self._remove_folder()
         if notify:
             self._set_state("stopped")

@@ -73,7 +73,8 @@ def rank_info(distributions: list[str] | None = None) -> dict[str, Any]:
     return {"rank": first_int(os.environ, RANK_VARS, -1), "local_rank": first_int(os.environ, LOCAL_RANK_VARS, 0),
             "host": host_name(os.environ),
             "addr": os.environ.get("HPCAI_NODE_ADDR", LOOPBACK), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-            "pid": os.getpid(), "versions": versions(distributions or []), "timeline": dict(timeline)}
+            "pid": os.getpid(), "versions": versions(distributions or []), "timeline": dict(timeline),
+            "framework": _initialised.name if _initialised else None}
 
 
 def versions(distributions: list[str]) -> dict[str, Any]:

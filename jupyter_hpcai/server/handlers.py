@@ -1,5 +1,5 @@
-"""GET /hpcai/api/allocation, GET /hpcai/api/engines, POST /hpcai/api/stacks and POST /hpcai/api/extend (all
-need the server's authentication)."""
+"""GET /hpcai/api/allocation, GET /hpcai/api/engines, POST /hpcai/api/engines/stop, POST /hpcai/api/stacks and
+POST /hpcai/api/extend (all need the server's authentication)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,28 @@ class EnginesHandler(APIHandler):  # type: ignore[misc]
 
     @web.authenticated
     async def get(self) -> None:
-        self.finish(json.dumps({"engine_sets": await asyncio.to_thread(listing.list_engine_sets)}))
+        alloc = await asyncio.to_thread(Allocation.current)
+        sets = await asyncio.to_thread(listing.list_engine_sets, alloc.job_id if alloc else None)
+        self.finish(json.dumps({"engine_sets": sets}))
+
+
+class StopEnginesHandler(APIHandler):  # type: ignore[misc]
+    """POST {"cluster_id": ...}: stop one of this job's engine sets (one a kernel left running, say)."""
+
+    @web.authenticated
+    async def post(self) -> None:
+        cluster_id = (self.get_json_body() or {}).get("cluster_id")
+        if not isinstance(cluster_id, str) or not listing.SET_ID.fullmatch(cluster_id):
+            raise web.HTTPError(400, 'send {"cluster_id": "<an engine set\'s id>"}')
+        alloc = await asyncio.to_thread(Allocation.current)
+        found = [s for s in await asyncio.to_thread(listing.job_sets, alloc.job_id if alloc else "local")
+                 if s.cluster_id == cluster_id]
+        if not found:
+            self.set_status(404)
+            self.finish(json.dumps({"error": f"no engine set '{cluster_id}' in this job", "hint": "refresh the panel"}))
+            return
+        await asyncio.to_thread(listing.stop_set, found[0])
+        self.finish(json.dumps({"stopped": cluster_id}))
 
 
 class StacksHandler(APIHandler):  # type: ignore[misc]
@@ -74,5 +95,6 @@ def setup_handlers(web_app: Any) -> None:
     base = web_app.settings["base_url"]
     web_app.add_handlers(".*$", [(url_path_join(base, "hpcai/api/allocation"), AllocationHandler),
                                  (url_path_join(base, "hpcai/api/engines"), EnginesHandler),
+                                 (url_path_join(base, "hpcai/api/engines/stop"), StopEnginesHandler),
                                  (url_path_join(base, "hpcai/api/stacks"), StacksHandler),
                                  (url_path_join(base, "hpcai/api/extend"), ExtendHandler)])

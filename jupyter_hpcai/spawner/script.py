@@ -27,14 +27,23 @@ export HPCAI_ENV={environment}
 {bind}{prologue}
 {run}"""
 
-# With a walltime signal, the server runs in the background: bash runs a trap only between commands, and
-# ``wait`` returns early for each trapped signal while the server goes on.
-GUARDED = """# The walltime guard: Slurm signals this shell {warning} s before the walltime (--signal=B:USR1@{warning});
-# the trap writes the time down in the job's private folder, where the kernels and the side panel look.
-export HPCAI_JOB_STATE={state}/"$SLURM_JOB_ID" HPCAI_WALLTIME_WARNING={warning}
-trap '{{ date +%s > "$HPCAI_JOB_STATE/.walltime" && mv -f "$HPCAI_JOB_STATE/.walltime" "$HPCAI_JOB_STATE/walltime"; }} || true' USR1
-trap 'rm -rf "$HPCAI_JOB_STATE"' EXIT
-mkdir -p -m 700 {state} "$HPCAI_JOB_STATE"
+# The server runs in the background: bash runs a trap only between commands, and ``wait`` returns early for
+# each trapped signal while the server goes on. The job's private folder is where the kernels and the side
+# panel look; at the shell's exit (the server's end, the walltime, scancel: Slurm's SIGTERM), the engines that
+# outlived their kernel are stopped: their parent gone, they are no longer the job's to Slurm's process
+# tracking (engines/listing.py records their pids; a pid counts only while it is this job's process).
+SUPERVISED = """export HPCAI_JOB_STATE={state}/"$SLURM_JOB_ID"
+hpcai_job_end() {{
+  for record in "$HPCAI_JOB_STATE"/engines/*; do
+    [ -f "$record" ] || continue
+    for pid in $(cat "$record"); do
+      grep -qxz "SLURM_JOB_ID=$SLURM_JOB_ID" "/proc/$pid/environ" 2>/dev/null && kill -TERM "$pid" 2>/dev/null || true
+    done
+  done
+  rm -rf "$HPCAI_JOB_STATE"
+}}
+trap hpcai_job_end EXIT
+{signal_trap}mkdir -p -m 700 {state} "$HPCAI_JOB_STATE"
 {cmd} &
 server=$!
 while true; do
@@ -43,6 +52,11 @@ while true; do
   kill -0 "$server" 2>/dev/null || break
 done
 exit "$status"
+"""
+# The walltime guard: the trap writes the time of Slurm's signal down in the job's folder.
+SIGNAL_TRAP = """# Slurm signals this shell {warning} s before the walltime (--signal=B:USR1@{warning}).
+export HPCAI_WALLTIME_WARNING={warning}
+trap '{{ date +%s > "$HPCAI_JOB_STATE/.walltime" && mv -f "$HPCAI_JOB_STATE/.walltime" "$HPCAI_JOB_STATE/walltime"; }} || true' USR1
 """
 JOB_STATE = ".hpcai/jobs"  # under the user's home: what every node of a cluster sees"
 
@@ -62,9 +76,8 @@ def render(options: SpawnOptions, profile: Profile, *, user: str, homedir: str, 
     the walltime."""
     tasks = max(1, options.gpus_per_node)
     warning = min(walltime_warning, options.walltime_seconds // 2)
-    run = shlex.join(cmd) + "\n"
-    if warning:
-        run = GUARDED.format(warning=warning, state=shlex.quote(f"{homedir}/{JOB_STATE}"), cmd=shlex.join(cmd))
+    run = SUPERVISED.format(state=shlex.quote(f"{homedir}/{JOB_STATE}"), cmd=shlex.join(cmd),
+                            signal_trap=SIGNAL_TRAP.format(warning=warning) if warning else "")
     return TEMPLATE.format(
         user=_sbatch_word(user), homedir=_sbatch_word(homedir), keepvars=_sbatch_word(keepvars),
         partition=options.partition, nodes=options.nodes, tasks_per_node=tasks,

@@ -50,6 +50,7 @@ interface IEngineSet {
   registered: number;
   launcher: string | null;
   state: string;
+  attached: boolean;
   ranks: IRank[];
 }
 
@@ -212,6 +213,20 @@ class AllocationPanel extends Widget {
     this.render();
   }
 
+  /** Stop one engine set (one no kernel uses any more, say): its ranks and controller. */
+  async stopSet(clusterId: string): Promise<void> {
+    this._stacks.set(clusterId, 'Stopping...');
+    this.render();
+    try {
+      await requestJSON('hpcai/api/engines/stop', { method: 'POST', body: JSON.stringify({ cluster_id: clusterId }) });
+      this._stacks.delete(clusterId);
+    } catch (err) {
+      const body = err instanceof RequestError ? err.body : {};
+      this._stacks.set(clusterId, body.error ? `${body.error}\n${body.hint ?? ''}` : describeFailure(err));
+    }
+    await this.refresh();
+  }
+
   /** Ask the hub for more walltime (the site's policy decides); the answer stays under the countdown. */
   async extend(seconds: number): Promise<void> {
     this._extendSaid = 'Asking the hub...';
@@ -319,8 +334,16 @@ class AllocationPanel extends Widget {
         `<p class="hpcai-set">${escape(e.cluster_id)}: ${e.registered}/${e.engines} ${escape(e.state)}` +
           (e.launcher ? ` (${escape(e.launcher)})` : '') +
           ` <button class="hpcai-stacks-button" data-cluster="${escape(e.cluster_id)}"` +
-          ' title="Every rank\'s Python stack, identical ones grouped">Stacks</button></p>'
+          ' title="Every rank\'s Python stack, identical ones grouped">Stacks</button>' +
+          ` <button class="hpcai-stop-button" data-cluster="${escape(e.cluster_id)}"` +
+          ' title="Stop these engines (every kernel using them loses them)">Stop</button></p>'
       );
+      if (e.state === 'running' && !e.attached) {
+        parts.push(
+          '<p class="hpcai-detached">No kernel uses these engines (their kernel restarted or ended); what the ranks ' +
+            `hold is still there: <code>%hpc attach ${escape(e.cluster_id)}</code> in a notebook, or Stop.</p>`
+        );
+      }
       parts.push(
         '<table class="hpcai-engines"><tr><th>rank</th><th>host</th><th>GPU</th><th>pid</th><th>state</th></tr>' +
           e.ranks.map(r => this.rankRow(r)).join('') +
@@ -338,6 +361,9 @@ class AllocationPanel extends Widget {
     }
     this.node.querySelectorAll<HTMLButtonElement>('.hpcai-stacks-button').forEach(button => {
       button.onclick = () => void this.showStacks(button.dataset.cluster ?? '');
+    });
+    this.node.querySelectorAll<HTMLButtonElement>('.hpcai-stop-button').forEach(button => {
+      button.onclick = () => void this.stopSet(button.dataset.cluster ?? '');
     });
     this.tick();
   }
