@@ -21,6 +21,12 @@ def extend(seconds: int, environ: Mapping[str, str] | None = None) -> dict[str, 
     return _post("hpcai/extend", {"seconds": seconds}, os.environ if environ is None else environ)
 
 
+def follow_up(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Ask the hub to queue this notebook job's follow-up (the same options, starting when this job ends): its
+    server's name and URL path, its Slurm job and the job it waits for."""
+    return _post("hpcai/continue", {}, os.environ if environ is None else environ)
+
+
 def _post(path: str, body: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
     url, token = environ.get("JUPYTERHUB_API_URL", ""), environ.get("JUPYTERHUB_API_TOKEN", "")
     if not url:
@@ -28,7 +34,8 @@ def _post(path: str, body: dict[str, Any], environ: Mapping[str, str]) -> dict[s
                          "start the notebook from the hub's page")
     if not token:
         raise HPCAIError("this kernel holds no hub token (a container env's kernel never gets one)",
-                         "use the side panel's Extend button: it asks through the notebook server")
+                         "use the side panel's Extend button, or a notebook with a kernel of a built env (not a "
+                         "container's) for %hpc continue")
     request = urllib.request.Request(f"{url.rstrip('/')}/{path}", data=json.dumps(body).encode(), method="POST",
                                      headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the hub is reached directly

@@ -106,6 +106,7 @@ def hpc_parser() -> _Parser:
     checkpoint.add_argument("path", nargs="?", help="where hpc.Checkpoint saves go this time (default: each one's own)")
     more = sub.add_parser("extend", help="more walltime for this notebook job, within the site's policy")
     more.add_argument("duration", type=_duration, help="how much more: 30m, 2h or Slurm's HH:MM:SS")
+    sub.add_parser("continue", help="queue a follow-up notebook job with these options, starting when this one ends")
     restore = sub.add_parser("restore", help="every hpc.Checkpoint on the ranks loads its latest save")
     restore.add_argument("path", nargs="?", help="the folder to load from (default: each one's own)")
     return parser
@@ -142,7 +143,7 @@ class HPCMagics(Magics):  # type: ignore[misc]
     def hpc(self, line: str) -> Any:
         """%hpc start [-n N] [--nodes K] [--gpus-per-node G] [--launcher srun|mpirun|local] [--framework F]
         [--telemetry S] | attach [CLUSTER_ID] | stop | restart | status | top [--for S] [--straggler SHARE] | telemetry S | stacks [--native]
-        | checkpoint [PATH] | restore [PATH] | extend DURATION | panel"""
+        | checkpoint [PATH] | restore [PATH] | extend DURATION | continue | panel"""
         args = parse(hpc_parser(), line)
         engines = engines_api.current()
         if args.command == "start":
@@ -185,6 +186,11 @@ class HPCMagics(Magics):  # type: ignore[misc]
         elif args.command == "extend":
             granted = hubapi.extend(args.duration)
             print(f"Slurm job {granted['job_id']} extended: time limit {granted['time_limit']}, ends {granted['end_time']}")
+        elif args.command == "continue":
+            queued = hubapi.follow_up()
+            print(f"follow-up queued: server '{queued['server']}', Slurm job {queued['job_id']}, starts when job "
+                  f"{queued['after']} ends (the hub's home page lists it; then open {queued['url']}).\n"
+                  "There, %hpc start and the cells that make your model, then %hpc restore loads the last checkpoint.")
         elif args.command == "restore":
             print(guard.restored(engines.restore(args.path)), end="")
         elif args.command == "panel":

@@ -38,6 +38,8 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
         self.start_button = w.Button(description="Start", button_style="success", icon="play")
         self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop")
         self.restart_button = w.Button(description="Restart", icon="refresh")
+        self.attach_button = w.Button(description="Attach", icon="link",
+                                      tooltip="use engines running in this job already (an earlier kernel's)")
         self.progress = w.IntProgress(value=0, min=0, max=1, description="Engines", style=style)
         self.state = w.HTML()
         self.ranks = w.HTML()
@@ -47,11 +49,12 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
         self.start_button.on_click(lambda _: self._act(self._start))
         self.stop_button.on_click(lambda _: self._act(self.engines.stop))
         self.restart_button.on_click(lambda _: self._act(lambda: self.engines.restart(progress=self._progress)))
+        self.attach_button.on_click(lambda _: self._act(self.engines.attach))
         job = f"job {alloc.job_id} on {', '.join(alloc.nodes)}" if alloc else "no Slurm job: local engines"
         super().__init__([
             w.HTML(f"<b>HPC engines</b> &mdash; {escape(job)}"),
             w.HBox([self.nodes, self.gpus_per_node, self.launcher]),
-            w.HBox([self.start_button, self.stop_button, self.restart_button]),
+            w.HBox([self.start_button, self.stop_button, self.restart_button, self.attach_button]),
             self.progress, self.state, self.ranks, self.walltime, self.message,
         ])
         self.refresh()
@@ -68,7 +71,7 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
 
     def _act(self, action: object) -> None:
         self.message.value = ""
-        for button in (self.start_button, self.stop_button, self.restart_button):
+        for button in (self.start_button, self.stop_button, self.restart_button, self.attach_button):
             button.disabled = True
         try:
             action()  # type: ignore[operator]
@@ -82,7 +85,7 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
         """Redraw from the engines' state: buttons, state, rank table, walltime."""
         state = self.engines.state
         busy = state in ("starting", "restarting", "stopping")
-        self.start_button.disabled = busy or state == "running"
+        self.start_button.disabled = self.attach_button.disabled = busy or state == "running"
         self.stop_button.disabled = busy or state == "stopped"
         self.restart_button.disabled = busy or self.engines.layout is None
         label = {"starting": "starting&hellip;", "restarting": "restarting&hellip;", "stopping": "stopping&hellip;"}

@@ -53,6 +53,10 @@ c.HPCSlurmSpawner.walltime_warning = 600
 # %hpc extend and the side panel's Extend button: how long a notebook job may grow, per partition ("*": any
 # other), never past the partition's own limit. Left empty, nobody extends (the hub runs scontrol as root).
 # c.HPCSlurmSpawner.extend_max_walltime = {"gpu-interactive": "04:00:00"}
+# %hpc continue: a follow-up notebook job with the same options, queued as the named server after-<job> to start
+# when the current job ends (its start timeout covers the wait). Needs named servers; off without them. A
+# named_server_limit_per_user counts stopped servers too: users delete old after-<job> ones from the home page.
+c.JupyterHub.allow_named_servers = True
 # Environments offered in the form: left unset, every env the admins built into the site roots
 # (`hpcai env build RECIPE --site`; HPCAI_ENV_PATH or [envs] site_roots in /etc/jupyter-hpcai/config.toml).
 # c.HPCSlurmSpawner.environments = {"tf-horovod-nccl": "TensorFlow 2.15 + Horovod (NCCL)"}

@@ -1,6 +1,7 @@
 """Session continuity through the real hub: a 3-minute notebook job signalled before its walltime, the
 registered checkpoint written at a step every rank agreed on, the warning in the cell and in JupyterLab, the
-job's end with nothing left behind, and the next job resuming from the checkpoint."""
+job's end with nothing left behind, and the follow-up job (%hpc continue) resuming from the checkpoint; extend
+within the site's policy; engines that outlive their kernel and a new kernel attaching to them."""
 
 from __future__ import annotations
 
@@ -138,13 +139,11 @@ def _engine_processes() -> list[str]:
 def test_walltime_signal_checkpoints_and_the_next_job_resumes(hub: Hub, tf_kernelspec: str) -> None:
     from playwright.sync_api import sync_playwright
 
+    from jupyter_hpcai import slurm
+
     checkpoints = _home() / ".hpcai" / "checkpoints" / "walltime-test"
     shutil.rmtree(checkpoints, ignore_errors=True)
-    options = {"profile": "2 nodes x 2 GPUs", "nodes": 2, "gpus_per_node": 1, "walltime": "00:03:00"}
-    status, body = hub.api("POST", f"/users/{USER}/server", options)
-    assert status in (201, 202), body
-    hub.wait_ready()
-    job = _job_of_user()
+    job = _spawn(hub, 2, "00:03:00")
     script = subprocess.run(["scontrol", "write", "batch_script", job, "-"], capture_output=True, text=True,
                             timeout=30, check=True).stdout
     assert "#SBATCH --signal=B:USR1@90" in script  # the demo's 600 s, at most half of the 3 minutes
@@ -189,19 +188,27 @@ def test_walltime_signal_checkpoints_and_the_next_job_resumes(hub: Hub, tf_kerne
     for rank in per_rank:  # the checkpoint's weights are every rank's
         assert np.allclose(rank[1], sums), (rank, sums)
 
+    # %hpc continue, while the job still runs: the follow-up waits in Slurm's queue for this job's end
+    queued = kernel.ok("%hpc continue")
+    found = re.search(r"follow-up queued: server '(after-\d+)', Slurm job (\d+), starts when job (\d+) ends", queued)
+    assert found and found[3] == job, queued
+    name, follow_up = found[1], found[2]
+    assert f"/user/{USER}/{name}/lab" in queued and "%hpc restore" in queued, queued
+    info = slurm.job_info(follow_up) or {}
+    assert info.get("Dependency", "").startswith(f"afterany:{job}") and info.get("Reason") == "Dependency", info
+    assert kernel.ok("%hpc continue").count(f"Slurm job {follow_up},") == 1  # asked again: the same follow-up
+
     # the job ends at its walltime: nothing of the engines is left on any node, and the hub sees it end
     wait_until(lambda: not subprocess.run(["squeue", "--noheader", "--job", job], capture_output=True, text=True,
                                           timeout=30).stdout.strip(), timeout=200, what=f"job {job} to end")
     wait_until(lambda: not _engine_processes() or None, timeout=60, what="the user's engine processes to end")
     assert not (_home() / ".hpcai" / "jobs" / job).exists()  # the job's private folder
 
-    # the next job resumes: same model and checkpoint, %hpc restore, the saved step and weights
-    wait_until(lambda: (hub.server() or {}).get("ready") is not True or None, timeout=120,
-               what="the hub to see the server end")
-    status, body = hub.api("POST", f"/users/{USER}/server", {**options, "walltime": "00:10:00"})
-    assert status in (201, 202), body
-    hub.wait_ready()
-    kernel = Kernel(hub, tf_kernelspec)
+    # the follow-up starts once the job ended, and resumes: same model and checkpoint, %hpc restore, the saved
+    # step and weights
+    wait_until(lambda: hub.api("GET", f"/users/{USER}")[1]["servers"].get(name, {}).get("ready") or None,
+               timeout=180, what=f"the follow-up server {name} to be ready")
+    kernel = Kernel(hub, tf_kernelspec, server=name)
     assert kernel.run("%load_ext jupyter_hpcai\n%hpc start", timeout=180)["status"] == "ok"
     assert kernel.run(MODEL)["status"] == "ok"
     restored = kernel.run("%hpc restore")
@@ -210,7 +217,8 @@ def test_walltime_signal_checkpoints_and_the_next_job_resumes(hub: Hub, tf_kerne
     now = kernel.value(WEIGHTS)["now"]
     for rank in now:
         assert rank[0] == per_rank[0][0] and np.allclose(rank[1], sums), (rank, sums)
-    hub.stop_server()
+    status, body = hub.api("DELETE", f"/users/{USER}/servers/{name}", {"remove": True})
+    assert status in (202, 204), body
     shutil.rmtree(checkpoints, ignore_errors=True)
 
 
@@ -268,7 +276,7 @@ READ_STATE = "%%horovod_run -o now\n[state, os.getpid(), hvd.size()]\n"
 
 def test_engines_outlive_their_kernel_and_another_kernel_attaches(hub: Hub, tf_kernelspec: str) -> None:
     """A kernel restart keeps the engines and what the ranks hold: %hpc attach gets them back, and so does a
-    second notebook's kernel; the side panel lists a set no kernel uses and stops it; engines whose kernel went
+    second notebook's kernel (its ClusterPanel's Attach); the side panel lists a set no kernel uses and stops it; engines whose kernel went
     away stop with the job (their parent gone, Slurm's process tracking no longer sees them)."""
     from playwright.sync_api import sync_playwright
 
@@ -283,8 +291,10 @@ def test_engines_outlive_their_kernel_and_another_kernel_attaches(hub: Hub, tf_k
     attached = first.ok("%load_ext jupyter_hpcai\n%hpc attach")
     assert re.search(rf"attached to hpcai-{job}-\d+-\d+: 2 engines \(srun\); horovod initialised", attached), attached
     assert first.value(READ_STATE)["now"] == before  # the same rank processes, with their state
-    second = Kernel(hub, tf_kernelspec)  # a second notebook in the same job, while the first still uses them
-    second.ok("%load_ext jupyter_hpcai\n%hpc attach")
+    second = Kernel(hub, tf_kernelspec)  # a second notebook in the same job, while the first still uses them:
+    panel = second.ok("%load_ext jupyter_hpcai\nfrom jupyter_hpcai.widgets import ClusterPanel\n"  # its panel's Attach
+                      "panel = ClusterPanel()\npanel.attach_button.click()\nprint(panel.state.value, panel.message.value)")
+    assert 'data-state="running"' in panel and "hpcai-error" not in panel, panel
     assert second.value(READ_STATE)["now"] == before
 
     first.shut_down()

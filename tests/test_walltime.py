@@ -252,6 +252,18 @@ def test_asking_the_hub_without_one_says_what_to_do() -> None:
     with pytest.raises(HPCAIError, match="holds no hub token") as err:
         hubapi.extend(600, {"JUPYTERHUB_API_URL": "http://127.0.0.1:1/hub/api"})
     assert "side panel's Extend" in err.value.hint
+    with pytest.raises(HPCAIError, match="the hub at http://127.0.0.1:1/hub/api did not answer"):
+        hubapi.follow_up({"JUPYTERHUB_API_URL": "http://127.0.0.1:1/hub/api", "JUPYTERHUB_API_TOKEN": "t"})
+
+
+def test_a_follow_up_job_waits_for_the_one_it_follows() -> None:
+    follow_up = script.render(OPTIONS, Profile(name="p", partition="gpu"), user="alice", homedir="/home/alice",
+                              keepvars="PATH", cmd=["server"], bind_node_address=False, after="123")
+    assert "#SBATCH --dependency=afterany:123\n" in follow_up
+    assert "--dependency" not in _render(60, ["server"])
+    with pytest.raises(ValueError):
+        script.render(OPTIONS, Profile(name="p", partition="gpu"), user="alice", homedir="/home/alice",
+                      keepvars="PATH", cmd=["server"], after="1\n#SBATCH --uid=0")
 
 
 KERAS = """

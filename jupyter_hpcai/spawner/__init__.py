@@ -1,6 +1,6 @@
 """The hub side: HPCSlurmSpawner and its validated options."""
 
-from . import extend  # noqa: F401  registers the hub's /hub/api/hpcai/extend handler
+from . import extend, follow_up  # noqa: F401  register the hub's /hub/api/hpcai/extend and /continue handlers
 from .options import OptionsError, Profile, SpawnOptions, validate
 from .spawner import HPCSlurmSpawner
 

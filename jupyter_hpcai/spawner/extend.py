@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import Any
 
 from jupyterhub.apihandlers import APIHandler, default_handlers
 from tornado import web
@@ -52,16 +53,22 @@ def checked_seconds(body: object) -> int:
     return seconds
 
 
+def own_spawner(handler: APIHandler) -> Any:
+    """The notebook job whose server's own token made the request (as batchspawner's API finds it); 404 else."""
+    token = handler.get_auth_token()
+    spawner = next((s for s in handler.current_user.spawners.values() if s.api_token == token), None)
+    if spawner is None or not hasattr(spawner, "extend") or not getattr(spawner, "job_id", ""):
+        raise web.HTTPError(404, "this token belongs to no running notebook job: send the server's own token")
+    return spawner
+
+
 class ExtendHandler(APIHandler):  # type: ignore[misc]
     """POST {"seconds": N}: extend the job of the server whose token authenticates the request."""
 
     @web.authenticated
     async def post(self) -> None:
         seconds = checked_seconds(self.get_json_body())
-        token = self.get_auth_token()
-        spawner = next((s for s in self.current_user.spawners.values() if s.api_token == token), None)
-        if spawner is None or not hasattr(spawner, "extend") or not getattr(spawner, "job_id", ""):
-            raise web.HTTPError(404, "this token belongs to no running notebook job: send the server's own token")
+        spawner = own_spawner(self)
         try:
             granted = await spawner.extend(seconds)
         except HPCAIError as err:

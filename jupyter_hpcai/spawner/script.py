@@ -16,7 +16,7 @@ TEMPLATE = """#!/bin/bash
 #SBATCH --nodes={nodes}
 #SBATCH --ntasks-per-node={tasks_per_node}
 {gpus}#SBATCH --time={walltime}
-{account}{signal}{extra}
+{account}{signal}{after}{extra}
 set -euo pipefail
 # --export above limits what reaches the job; steps started inside it (srun, the engines) must get the
 # whole environment of the process that starts them again.
@@ -69,11 +69,11 @@ export JUPYTERHUB_SERVICE_URL="${JUPYTERHUB_SERVICE_URL%%://*}://${node_addr}:0$
 
 
 def render(options: SpawnOptions, profile: Profile, *, user: str, homedir: str, keepvars: str, cmd: Sequence[str],
-           prologue: str = "", bind_node_address: bool = True, walltime_warning: int = 0) -> str:
+           prologue: str = "", bind_node_address: bool = True, walltime_warning: int = 0, after: str = "") -> str:
     """The batch script. Options were validated; quoting still guards every value that reaches a shell line.
     ``bind_node_address``: the server listens on its node's Slurm address (else where the hub's URL says).
     ``walltime_warning``: seconds before the walltime at which Slurm signals the job (0: never); at most half
-    the walltime."""
+    the walltime. ``after``: a job this one starts after (its follow-up, %hpc continue), once that ends."""
     tasks = max(1, options.gpus_per_node)
     warning = min(walltime_warning, options.walltime_seconds // 2)
     run = SUPERVISED.format(state=shlex.quote(f"{homedir}/{JOB_STATE}"), cmd=shlex.join(cmd),
@@ -85,6 +85,7 @@ def render(options: SpawnOptions, profile: Profile, *, user: str, homedir: str, 
         walltime=options.walltime,
         account=f"#SBATCH --account={options.account}\n" if options.account else "",
         signal=f"#SBATCH --signal=B:USR1@{warning}\n" if warning else "",
+        after=f"#SBATCH --dependency=afterany:{int(after)}\n" if after else "",
         extra="".join(f"#SBATCH {opt}\n" for opt in profile.extra_sbatch),
         environment=shlex.quote(options.environment), bind=BIND_NODE_ADDRESS if bind_node_address else "",
         prologue=prologue, run=run,

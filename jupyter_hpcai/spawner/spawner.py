@@ -80,6 +80,8 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     extend_max_walltime = Dict(config=True, help="""How far users may extend a running notebook job
         (%hpc extend, the side panel's Extend): partition (or "*" for any other) -> the longest walltime in all,
         e.g. {"gpu": "12:00:00"}; never past the partition's own limit. Empty (the default): off.""")
+    follows = Unicode("", help="""A job this server's next job starts after (set by the hub's /api/hpcai/continue
+        for a follow-up, cleared once submitted): the script asks Slurm for --dependency=afterany:JOB.""")
     job_umask = Integer(0o077, config=True, help="""The umask jobs are submitted with (Slurm passes it to the job):
         the job's log, and what the server creates, are private to the user unless this allows more.""")
 
@@ -141,7 +143,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
                              keepvars=",".join(sorted(self.get_env())), cmd=[c for c in cmd if c],
                              prologue=self.req_prologue, bind_node_address=not self.bind_ip,
                              walltime_warning=self.walltime_warning if profile.walltime_warning is None
-                             else profile.walltime_warning)
+                             else profile.walltime_warning, after=self.follows)
 
     def _homedir(self) -> str:
         try:
@@ -200,6 +202,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
                 f"the scheduler would not run this request: {str(err).removeprefix('sbatch: error: ')}",
                 "pick another partition, fewer nodes or GPUs, or a shorter walltime")) from None
         await self.submit_batch_script()
+        self.follows = ""  # only this job waits for that one; a later start of this server does not
         if not self.job_id:
             raise HPCAIError("sbatch returned no job id", "see the hub log")
         while (status := await self.query_job_status()) != JobStatus.RUNNING:

@@ -1,0 +1,72 @@
+"""A follow-up notebook job, queued through the hub (``%hpc continue``): the same options, as a named server
+that Slurm starts once the current job ends (``--dependency=afterany``), where ``%hpc restore`` loads the
+checkpoints the walltime hooks wrote.
+
+``POST /hub/api/hpcai/continue`` with the notebook server's own token (as for extend.py): the hub finds that
+server's spawner and starts the user's server ``after-<job>`` with that spawner's validated options, its start
+timeout long enough to wait in the queue for the rest of the current job. Asked again, it answers with the
+follow-up already queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from jupyterhub.apihandlers import APIHandler, default_handlers
+from tornado import web
+
+from .. import slurm
+from .extend import own_spawner
+
+QUEUED_WITHIN = 30  # seconds for the follow-up's sbatch to answer with a job id
+
+
+def follow_up_name(job_id: str) -> str:
+    """The named server of job ``job_id``'s follow-up."""
+    return f"after-{int(job_id)}"
+
+
+def _seconds_left(job_id: str) -> int:
+    info = slurm.job_info(job_id) or {}
+    end = info.get("EndTime", "")
+    try:
+        return max(0, int(time.mktime(time.strptime(end, "%Y-%m-%dT%H:%M:%S")) - time.time()))
+    except ValueError:  # Unknown: no time limit
+        return 0
+
+
+class ContinueHandler(APIHandler):  # type: ignore[misc]
+    """POST: queue the follow-up of the job whose server's token authenticates the request."""
+
+    @web.authenticated
+    async def post(self) -> None:
+        current = own_spawner(self)
+        user = self.current_user
+        if not self.allow_named_servers:
+            self.set_status(409)
+            self.finish(json.dumps({
+                "error": "this hub does not allow named servers, so no follow-up job can wait beside this one",
+                "hint": "%hpc checkpoint, stop this server and start a new one, then %hpc restore there "
+                        "(admins: JupyterHub.allow_named_servers = True)"}))
+            return
+        name = follow_up_name(current.job_id)
+        follower = user.spawners[name] if name in user.orm_spawners else None
+        if follower is None or not (follower.active or follower.pending):
+            await self._check_named_server_request(user, name, name)
+            follower = user.get_or_create_spawner(name, name, replace_failed=True)
+            follower.follows = current.job_id
+            # it waits in the queue for the rest of this job, then starts as any server does
+            follower.start_timeout = max(follower.start_timeout,
+                                         await asyncio.to_thread(_seconds_left, current.job_id) + current.start_timeout)
+            await self.spawn_single_user(user, name, name, options=dict(current.user_options or {}))
+        deadline = time.monotonic() + QUEUED_WITHIN
+        while not follower.job_id and (follower.pending or follower.active) and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+        if not follower.job_id:
+            raise web.HTTPError(500, f"the follow-up server {name} has no Slurm job yet: see the hub's log")
+        self.finish(json.dumps({"server": name, "url": f"{user.server_url(name)}lab", "job_id": follower.job_id,
+                                "after": current.job_id}))
+
+
+default_handlers.append((r"/api/hpcai/continue", ContinueHandler))
