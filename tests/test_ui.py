@@ -29,6 +29,10 @@ def test_rest_handlers_outside_a_job(tmp_path: Path) -> None:
             status, body = server.request("POST", "/hpcai/api/stacks", {"cluster_id": cluster_id})
             assert status == 409 and body["error"] == f"no running engine set '{cluster_id}'", body
             assert "%hpc start" in body["hint"]
+        # the side panel's Stop: the same (an id is never a path)
+        assert server.request("POST", "/hpcai/api/engines/stop", {"cluster_id": "../../etc"})[0] == 400
+        status, body = server.request("POST", "/hpcai/api/engines/stop", {"cluster_id": "hpcai-1-2-3"})
+        assert status == 404 and body["error"] == "no engine set 'hpcai-1-2-3' in this job", body
         anonymous = Server(server.url, "wrong-token", server.log)
         assert anonymous.request("GET", "/hpcai/api/allocation")[0] == 403
 

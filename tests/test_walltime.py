@@ -311,14 +311,13 @@ def test_keras_callback_stops_at_the_signal_and_the_checkpoint_restores(tf_env, 
 def test_attach_chooses_the_set_no_kernel_uses_and_names_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
     """Which running set `%hpc attach` takes: the one named, else the only one no kernel uses, else the only one;
     several candidates, or none, is an error that lists them."""
-    from types import SimpleNamespace
-
     from jupyter_hpcai.engines import listing
     from jupyter_hpcai.errors import HPCAIError
 
     def a_set(cluster_id: str, owner: int, running: bool = True) -> listing.EngineSet:
-        controller = SimpleNamespace(state="running") if running else None
-        return listing.EngineSet(SimpleNamespace(cluster_id=cluster_id, controller=controller),
+        controller = {"state": {"state": "running", "pid": os.getpid()}} if running else None  # a live process
+        return listing.EngineSet(Path("/nonexistent"), {"cluster": {"cluster_id": cluster_id, "profile_dir": "/x"},
+                                                        "controller": controller},
                                  {"owners": [owner], "ranks": [{"engine_id": 0}]})
 
     dead = subprocess.Popen(["true"])

@@ -229,7 +229,7 @@ class Engines:
         if self.running:
             raise HPCAIError("this kernel has engines already", "use them, or %hpc stop them first")
         found = listing.attachable(self.job, cluster_id)
-        cluster = found.cluster
+        cluster = found.cluster()
         try:
             client = cluster.connect_client_sync(timeout=timeout)
         except (RuntimeError, TimeoutError, OSError) as err:
@@ -248,7 +248,7 @@ class Engines:
             client.close()
             raise
         self.cluster, self._client = cluster, client
-        self.folder = listing.set_folder(Path(cluster.profile_dir), found.cluster_id)
+        self.folder = found.folder
         self.layout, self.warm = Layout(**found.table["layout"]), found.table.get("warm")
         self.telemetry_interval = found.table.get("telemetry_interval", telemetry.DEFAULT_INTERVAL)
         self.ranks, self.versions, _, frameworks = self._rank_table()

@@ -74,18 +74,31 @@ def _running(pid: int) -> bool:
 
 @dataclass
 class EngineSet:
-    """A set of this user's, as its cluster file and rank table describe it."""
+    """A set of this user's, as its ipyparallel cluster file and its rank table say. Both are read as files:
+    ipyparallel's own loading starts a thread per running process it finds, which the side panel's listing
+    every 2 s would pile up; ``cluster()`` loads it for what needs one (stop, attach)."""
 
-    cluster: Any  # ipp.Cluster, loaded from its file (stopping it stops the controller and the ranks)
-    table: dict[str, Any]  # its rank table ({} before its ranks registered)
+    file: Path  # ipyparallel's cluster file
+    data: dict[str, Any]  # what it holds
+    table: dict[str, Any]  # the rank table ({} before the set's folder has one)
 
     @property
     def cluster_id(self) -> str:
-        return str(self.cluster.cluster_id)
+        return str(self.data["cluster"]["cluster_id"])
+
+    @property
+    def profile_dir(self) -> Path:
+        return Path(self.data["cluster"]["profile_dir"])
+
+    @property
+    def folder(self) -> Path:
+        return set_folder(self.profile_dir, self.cluster_id)
 
     @property
     def running(self) -> bool:
-        return bool(self.cluster.controller and self.cluster.controller.state == "running")
+        """Whether its controller's process is there."""
+        state = (self.data.get("controller") or {}).get("state") or {}
+        return state.get("state") == "running" and isinstance(state.get("pid"), int) and _running(state["pid"])
 
     @property
     def attached(self) -> bool:
@@ -95,25 +108,64 @@ class EngineSet:
     def n(self) -> int:
         return len(self.table.get("ranks", []))
 
+    @property
+    def asked(self) -> int:
+        return sum(int(s.get("n") or 0) for s in self._engine_sets())
+
+    @property
+    def launcher(self) -> str | None:
+        first = next(iter(self._engine_sets()), None)
+        return (first.get("launcher") or self.data["engines"].get("class")) if first else None
+
+    def _engine_sets(self) -> list[dict[str, Any]]:
+        return list(((self.data.get("engines") or {}).get("sets") or {}).values())
+
+    def cluster(self) -> Any:
+        """The ipyparallel Cluster (it watches the processes it finds running)."""
+        import ipyparallel as ipp
+
+        return ipp.Cluster.from_file(str(self.file))
+
+    def client(self, timeout: float) -> Any:
+        import ipyparallel as ipp
+
+        return ipp.Client(profile_dir=str(self.profile_dir), cluster_id=self.cluster_id, timeout=timeout)
+
+
+def engine_sets() -> list[EngineSet]:
+    """This user's hpcai engine sets, in every IPython profile, oldest first."""
+    from IPython.paths import get_ipython_dir
+
+    found = []
+    for path in sorted(Path(get_ipython_dir()).glob("profile_*/security/cluster-hpcai-*.json")):
+        try:
+            data = json.loads(path.read_text())
+            cluster_id = data["cluster"]["cluster_id"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # being written, or not ipyparallel's
+        if SET_ID.fullmatch(str(cluster_id)):
+            table = read_rank_table(set_folder(Path(data["cluster"]["profile_dir"]), cluster_id)) or {}
+            found.append(EngineSet(path, data, table))
+    return found
+
 
 def job_sets(job: str) -> list[EngineSet]:
     """The sets started in Slurm job ``job`` ("local" outside Slurm), oldest first."""
-    found = [EngineSet(c, read_rank_table(set_folder(Path(c.profile_dir), c.cluster_id)) or {})
-             for c in _hpcai_clusters().values() if c.cluster_id.startswith(f"hpcai-{job}-")]
-    return sorted(found, key=lambda s: s.cluster_id)
+    return [s for s in engine_sets() if s.cluster_id.startswith(f"hpcai-{job}-")]
 
 
 def stop_set(engine_set: EngineSet) -> None:
     """Stop a set's ranks and controller; its folder, cluster file and job-end record go with it."""
-    cluster = engine_set.cluster
-    try:
-        cluster.stop_cluster_sync()
-    except Exception:  # ranks that died already; the controller still goes
-        if cluster.controller:
-            cluster.stop_controller_sync()
-    cluster.remove_cluster_file()
-    shutil.rmtree(set_folder(Path(cluster.profile_dir), cluster.cluster_id), ignore_errors=True)
-    forget_processes(cluster.cluster_id)
+    if engine_set.running or engine_set._engine_sets():
+        cluster = engine_set.cluster()
+        try:
+            cluster.stop_cluster_sync()
+        except Exception:  # ranks that died already; the controller still goes
+            if cluster.controller:
+                cluster.stop_controller_sync()
+    engine_set.file.unlink(missing_ok=True)
+    shutil.rmtree(engine_set.folder, ignore_errors=True)
+    forget_processes(engine_set.cluster_id)
 
 
 def stop_detached(job: str) -> list[EngineSet]:
@@ -164,23 +216,14 @@ def forget_processes(cluster_id: str) -> None:
         (Path(state) / PROCESSES / cluster_id).unlink(missing_ok=True)
 
 
-def _hpcai_clusters() -> dict[str, Any]:
-    """This user's engine sets as ipyparallel knows them, by cluster id."""
-    import ipyparallel as ipp
-
-    clusters = ipp.ClusterManager().load_clusters().values()
-    return {c.cluster_id: c for c in clusters if SET_ID.fullmatch(c.cluster_id)}
-
-
 def stacks(cluster_id: str, native: bool = False) -> list[dict[str, Any]]:
     """A running set's grouped stacks (stacks.py), for the side panel's button: each group's ranks, headline
     and frames as text."""
     from .launch import LAUNCHERS
     from .stacks import collect, container_refusal
 
-    cluster = _hpcai_clusters().get(cluster_id)
-    table = read_rank_table(set_folder(Path(cluster.profile_dir), cluster_id)) if cluster else None
-    if table is None:
+    table = next((s.table for s in engine_sets() if s.cluster_id == cluster_id), None)
+    if not table:
         raise HPCAIError(f"no running engine set '{cluster_id}'", "start the engines in a notebook: %hpc start")
     if table["container"]:
         raise container_refusal()
@@ -194,27 +237,23 @@ def list_engine_sets(job: str | None = None, connect_timeout: float = 2.0) -> li
     launcher, controller state, whether a kernel uses it, and each rank (rank, host, GPU, pid, alive) with its
     latest telemetry."""
     sets = []
-    for cluster in _hpcai_clusters().values():
-        if job is not None and not cluster.cluster_id.startswith(f"hpcai-{job}-"):
+    for engine_set in engine_sets():
+        if job is not None and not engine_set.cluster_id.startswith(f"hpcai-{job}-"):
             continue
-        asked = sum(es.n or 0 for es in cluster.engines.values())
         registered: set[int] = set()
-        controller_running = bool(cluster.controller and cluster.controller.state == "running")
+        controller_running = engine_set.running
         if controller_running:
             try:
-                client = cluster.connect_client_sync(timeout=connect_timeout)
+                client = engine_set.client(connect_timeout)
                 registered = set(client.ids)
                 client.close()
             except Exception:  # a controller that stopped answering counts as not running
                 controller_running = False
-        folder = set_folder(Path(cluster.profile_dir), cluster.cluster_id)
-        table = read_rank_table(folder) or {}
-        samples = {row["rank"]: row for row in telemetry.summary(telemetry.read(folder))}
+        samples = {row["rank"]: row for row in telemetry.summary(telemetry.read(engine_set.folder))}
         ranks = [{**rank, "alive": controller_running and rank["engine_id"] in registered,
-                  "telemetry": samples.get(rank["rank"])} for rank in table.get("ranks", [])]
-        launcher = next(iter(cluster.engines.values()), None)
-        sets.append({"cluster_id": cluster.cluster_id, "engines": asked, "registered": len(registered),
-                     "launcher": (getattr(launcher, "launcher", "") or type(launcher).__name__) if launcher else None,
+                  "telemetry": samples.get(rank["rank"])} for rank in engine_set.table.get("ranks", [])]
+        sets.append({"cluster_id": engine_set.cluster_id, "engines": engine_set.asked, "registered": len(registered),
+                     "launcher": engine_set.launcher,
                      "state": "running" if controller_running and registered else "stopped",
-                     "attached": owner_alive(table), "ranks": ranks})
+                     "attached": engine_set.attached, "ranks": ranks})
     return sets
