@@ -344,6 +344,57 @@ def spawner_preview(config_file: Path, profile: str | None, options: tuple[str, 
 
 
 @cli.group()
+def job() -> None:
+    """Notebooks as batch jobs."""
+
+
+@job.command("from-notebook")
+@click.argument("notebook", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--cells", "chosen", default="all", show_default=True,
+              help="The cells to export: those with this tag (setup cells and %%horovod_run / %%torchrun cells), or all.")
+@click.option("--nodes", type=int, help="Nodes [default: 1].")
+@click.option("--gpus-per-node", type=int, help="GPUs per node, one rank each [default: 1].")
+@click.option("--time", "walltime", help="Walltime, HH:MM:SS [default: 01:00:00].")
+@click.option("--partition", help="Partition [default: Slurm's].")
+@click.option("--account", help="Account [default: Slurm's].")
+@click.option("--env", "env_name", help="The env the job runs in [default: the notebook's kernel's].")
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), help="Where the scripts go [default: "
+              "beside the notebook].")
+@click.option("--submit", is_flag=True, help="Submit the job and follow its output until it ends (Ctrl-C asks "
+              "whether to cancel it).")
+def job_from_notebook(notebook: Path, chosen: str, nodes: int | None, gpus_per_node: int | None,
+                      walltime: str | None, partition: str | None, account: str | None, env_name: str | None,
+                      out_dir: Path | None, submit: bool) -> None:
+    """Write an sbatch script and a Python script that run the notebook's chosen cells as a batch job; print the
+    sbatch script."""
+    from . import export, proc, slurm
+
+    spec = export.spec_for(notebook, chosen, env_name, nodes=nodes, gpus_per_node=gpus_per_node, time=walltime,
+                           partition=partition, account=account)
+    sbatch, script = export.write(spec, out_dir)
+    _say(sbatch.read_text())
+    console.print(f"wrote {esc(sbatch)} and {esc(script)}")
+    if not submit:
+        console.print(f"submit it with: sbatch {esc(sbatch)}")
+        return
+    job_id = export.submit(sbatch)
+    log = export.output_file(spec, job_id, out_dir)
+    console.print(f"submitted job {job_id}; its output, {esc(log)}:")
+    while True:
+        try:
+            code = slurm.follow_output(job_id, log, _say)
+            break
+        except KeyboardInterrupt:
+            if click.confirm(f"\ncancel job {job_id}?", default=False):
+                proc.run(["scancel", str(job_id)], timeout=30)
+                console.print(f"cancelled job {job_id}")
+                sys.exit(130)
+            console.print(f"job {job_id} goes on; following its output again")
+    console.print(f"job {job_id} ended with exit status {code}")
+    sys.exit(code)
+
+
+@cli.group()
 def bench() -> None:
     """Benchmarks: the stack's own verification."""
 

@@ -106,6 +106,9 @@ def hpc_parser() -> _Parser:
     checkpoint.add_argument("path", nargs="?", help="where hpc.Checkpoint saves go this time (default: each one's own)")
     more = sub.add_parser("extend", help="more walltime for this notebook job, within the site's policy")
     more.add_argument("duration", type=_duration, help="how much more: 30m, 2h or Slurm's HH:MM:SS")
+    export = sub.add_parser("export", help="this notebook's rank cells as a batch job: an sbatch and a Python script")
+    export.add_argument("--cells", default="all", help="the cells with this tag, or all (default)")
+    export.add_argument("--out-dir", help="where the scripts go (default: beside the notebook)")
     sub.add_parser("continue", help="queue a follow-up notebook job with these options, starting when this one ends")
     restore = sub.add_parser("restore", help="every hpc.Checkpoint on the ranks loads its latest save")
     restore.add_argument("path", nargs="?", help="the folder to load from (default: each one's own)")
@@ -143,7 +146,8 @@ class HPCMagics(Magics):  # type: ignore[misc]
     def hpc(self, line: str) -> Any:
         """%hpc start [-n N] [--nodes K] [--gpus-per-node G] [--launcher srun|mpirun|local] [--framework F]
         [--telemetry S] | attach [CLUSTER_ID] | stop | restart | status | top [--for S] [--straggler SHARE] | telemetry S | stacks [--native]
-        | checkpoint [PATH] | restore [PATH] | extend DURATION | continue | panel"""
+        | checkpoint [PATH] | restore [PATH] | extend DURATION | continue | export [--cells TAG] [--out-dir D]
+        | panel"""
         args = parse(hpc_parser(), line)
         engines = engines_api.current()
         if args.command == "start":
@@ -186,6 +190,8 @@ class HPCMagics(Magics):  # type: ignore[misc]
         elif args.command == "extend":
             granted = hubapi.extend(args.duration)
             print(f"Slurm job {granted['job_id']} extended: time limit {granted['time_limit']}, ends {granted['end_time']}")
+        elif args.command == "export":
+            _export(engines, args.cells, args.out_dir)
         elif args.command == "continue":
             queued = hubapi.follow_up()
             print(f"follow-up queued: server '{queued['server']}', Slurm job {queued['job_id']}, starts when job "
@@ -230,6 +236,28 @@ class HPCMagics(Magics):  # type: ignore[misc]
             self.shell.user_ns[args.var] = [values[r] for r in sorted(values)]
             return None
         return values[0]
+
+
+def _export(engines: engines_api.Engines, chosen: str, out_dir: str | None) -> None:
+    """Write this notebook (as last saved) as a batch job with this job's layout, and print the sbatch script."""
+    from pathlib import Path
+
+    from . import export, slurm
+
+    notebook = os.environ.get("JPY_SESSION_NAME", "")
+    if not notebook.endswith(".ipynb") or not os.path.isfile(notebook):
+        raise HPCAIError("this kernel does not know its notebook's file (JPY_SESSION_NAME)",
+                         "run it from a terminal: hpcai job from-notebook NOTEBOOK.ipynb")
+    alloc, layout = engines.allocation, engines.layout
+    info = (slurm.job_info(alloc.job_id) or {}) if alloc else {}
+    spec = export.spec_for(
+        Path(notebook), chosen, nodes=layout.nodes if layout else (len(alloc.nodes) if alloc else None),
+        gpus_per_node=layout.per_node if layout else (alloc.gpus_per_node or None if alloc else None),
+        time=info.get("TimeLimit") if info.get("TimeLimit", "UNLIMITED") != "UNLIMITED" else None,
+        partition=info.get("Partition"), account=info.get("Account") if info.get("Account") != "(null)" else None)
+    sbatch, script = export.write(spec, Path(out_dir).expanduser() if out_dir else None)
+    print(sbatch.read_text())
+    print(f"wrote {sbatch} and {script} (from the notebook as last saved); submit with: sbatch {sbatch}")
 
 
 def _script_cell(script: str, args: list[str]) -> str:

@@ -333,3 +333,18 @@ def test_a_researcher_without_root(devcluster, image: Path) -> None:  # type: ig
             kernel.run("%hpc stop")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_an_exported_notebook_job_runs_its_ranks_in_the_container(devcluster, tf_container: ContainerEnv,  # type: ignore[no-untyped-def]
+                                                                   env_store: EnvStore, tmp_path: Path) -> None:
+    """`hpcai job from-notebook --env tfc`: the batch job's ranks start in the container env's container."""
+    from test_export import _notebook
+
+    cell = ("%%horovod_run\nimport os\ntotal = hvd.allreduce(tf.constant(float(rank + 1)), op=hvd.Sum)\n"
+            f"print('inside', os.path.exists({MARKER!r}), 'sum', float(total))")
+    notebook = _notebook(tmp_path / "in-container.ipynb", "none", [(cell, ["train"])])
+    done = _cli("job", "from-notebook", str(notebook), "--cells", "train", "--env", "tfc", "--nodes", "2",
+                "--gpus-per-node", "1", "--time", "00:05:00", "--submit", store=env_store)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank, host in enumerate(["n1", "n2"]):
+        assert f"[rank {rank} {host}] inside True sum 3.0" in done.stdout, done.stdout

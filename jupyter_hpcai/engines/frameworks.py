@@ -37,6 +37,7 @@ class Framework:
     imports: tuple[str, ...]
     init: Callable[[dict[str, Any]], Handles]  # params -> handles, on a rank
     max_over_ranks: Callable[[int], int]  # a collective every rank calls: the largest of their values
+    broadcast_object: Callable[[Any], Any]  # a collective every rank calls: rank 0's (picklable) value
     params: Callable[[World], dict[str, Any]] | None = None
 
     def boot(self) -> Handles | None:
@@ -74,6 +75,12 @@ def _horovod_max(value: int) -> int:
     import tensorflow as tf
 
     return int(hvd.allreduce(tf.constant(value, dtype=tf.int32), op=hvd.Max).numpy())
+
+
+def _horovod_broadcast(value: Any) -> Any:
+    import horovod.tensorflow as hvd
+
+    return hvd.broadcast_object(value, root_rank=0)
 
 
 def _torch_params(world: World) -> dict[str, Any]:
@@ -121,10 +128,19 @@ def _torch_max(value: int) -> int:
     return int(found.item())
 
 
+def _torch_broadcast(value: Any) -> Any:
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 FRAMEWORKS: dict[str, Framework] = {
     "horovod": Framework("horovod", ("tensorflow", "tensorflow-cpu", "horovod", "mpi4py"),
-                         ("tensorflow", "horovod.tensorflow"), _init_horovod, _horovod_max),
-    "torch": Framework("torch", ("torch",), ("torch", "torch.distributed"), _init_torch, _torch_max, _torch_params),
+                         ("tensorflow", "horovod.tensorflow"), _init_horovod, _horovod_max, _horovod_broadcast),
+    "torch": Framework("torch", ("torch",), ("torch", "torch.distributed"), _init_torch, _torch_max, _torch_broadcast,
+                       _torch_params),
 }
 DISTRIBUTIONS = tuple(dict.fromkeys(d for f in FRAMEWORKS.values() for d in f.distributions))
 

@@ -251,9 +251,14 @@ class BuiltEnv:
 KINDS: dict[type, Callable[[EnvDir, Build, Any], Env]] = {}
 
 
-def open_env(env_dir: EnvDir) -> Env:
-    """The env's current build as an object of its kind; clear errors when it is gone or unfinished."""
-    build = env_dir.current()
+def open_env(env_dir: EnvDir, build_id: str | None = None) -> Env:
+    """The env's current build (or build ``build_id``) as an object of its kind; clear errors when it is gone or
+    unfinished."""
+    build = env_dir.current() if build_id is None else next((b for b in env_dir.builds() if b.id == build_id), None)
+    if build_id is not None and build is None:
+        raise HPCAIError(f"env '{env_dir.name}' has no build {build_id} any more (in {env_dir.root.path})",
+                         f"export the notebook again for its current build, or rebuild: hpcai env build RECIPE "
+                         f"--name {env_dir.name} --locked")
     if build is None or not build.prefix.is_dir():
         raise HPCAIError(f"env '{env_dir.name}' does not exist in {env_dir.root.path} (it was removed, or never "
                          "built)", f"build it: hpcai env build RECIPE --name {env_dir.name}, or pick another kernel")
