@@ -199,3 +199,12 @@ def follow_output(job_id: int | str, log: Path, on_line: Callable[[str], None], 
             code = int(info.get("ExitCode", "1:0").split(":")[0])
             return code or (1 if info["JobState"] != "COMPLETED" else 0)
         time.sleep(poll)
+
+
+TEST_ONLY = re.compile(r"Job \d+ to start at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)")
+
+
+def expected_start(answer: str) -> float | None:
+    """When ``sbatch --test-only`` says a job would start (epoch seconds), or None when it did not say."""
+    found = TEST_ONLY.search(answer)
+    return time.mktime(time.strptime(found.group(1), "%Y-%m-%dT%H:%M:%S")) if found else None

@@ -66,5 +66,7 @@ c.HPCSlurmSpawner.environments = {"tf-horovod-cpu": "TensorFlow 2.15 + Horovod 0
 c.HPCSlurmSpawner.limits = {"debug": {"max_walltime": "01:00:00"}, "gpu": {"max_walltime": "08:00:00"}}
 # %hpc extend / the side panel's Extend: gpu jobs up to 4 hours in all; debug jobs are not extended
 c.HPCSlurmSpawner.extend_max_walltime = {"gpu": "04:00:00"}
+# the spawn form's start estimates: a few users on one machine, whose queue changes in seconds
+c.HPCSlurmSpawner.start_estimates_ttl = 5
 # %hpc continue queues a follow-up job as a named server (after-<job>) beside the running one
 c.JupyterHub.allow_named_servers = True

@@ -45,7 +45,8 @@ def test_admin_limits_narrow_the_scheduler() -> None:
 
 
 @pytest.mark.parametrize(("raw", "field", "message"), [
-    ({"gpus_per_node": "-1"}, "gpus_per_node", "greater than or equal to 0"),
+    ({"gpus_per_node": "-1"}, "gpus_per_node", "must be 0 or more, not -1"),
+    ({"nodes": "0"}, "nodes", "must be 1 or more, not 0"),
     ({"nodes": "99"}, "nodes", "more than the 2 allowed"),
     ({"nodes": "1.5"}, "nodes", "whole number"),
     ({"account": "x\n#SBATCH --uid=0"}, "account", "not allowed"),
@@ -61,6 +62,21 @@ def test_bad_options_name_the_field(raw: dict[str, str], field: str, message: st
     with pytest.raises(OptionsError) as err:
         validate({"profile": "debug", **raw}, PROFILES, LIMITS, {"tf": "TF"})
     assert message in err.value.errors[field]
+
+
+def test_start_estimates_in_words() -> None:
+    from jupyter_hpcai.spawner.estimates import Estimate
+
+    answer = "sbatch: Job 12 to start at 2026-12-02T14:20:00 using 4 processors on nodes n[1-2] in partition gpu"
+    start = slurm.expected_start(answer)
+    assert start == time.mktime((2026, 12, 2, 14, 20, 0, 0, 0, -1))
+    assert slurm.expected_start("sbatch: error: Batch job submission failed") is None
+    now = start - 2 * 3600
+    assert Estimate(now + 30).words(now) == "starts now"
+    assert Estimate(start).words(now) == "expected start 14:20 (in about 2 h)"
+    assert Estimate(start, ("00:30:00", now)).words(now) == "expected start 14:20 (in about 2 h); 00:30:00 starts now"
+    assert Estimate(now + 1200).words(now).endswith("(in about 20 min)")
+    assert Estimate(None).words(now) == "no start estimate from Slurm"
 
 
 def test_preview_prints_the_quoted_script(devcluster) -> None:  # type: ignore[no-untyped-def]
@@ -301,14 +317,22 @@ def test_browser_spawn_form_to_jupyterlab(hub: Hub) -> None:
     with sync_playwright() as p:
         browser, page = logged_in_page(p, hub)
         page.goto(f"{hub.url}/hub/spawn")
+        for select in ("profile", "partition", "environment"):  # the hub page's select (an arrow), not a text box
+            assert page.get_attribute(f"#hpcai-{select}", "class") == "form-select"
+            assert page.eval_on_selector(f"#hpcai-{select}", "e => getComputedStyle(e).backgroundImage") != "none"
         page.select_option("#hpcai-profile", "2 nodes x 2 GPUs")
         assert page.input_value("#hpcai-nodes") == "2"
+        assert page.inner_text(".hpcai-form").count("nodes idle") == 1  # the partition's limits, once
+        assert page.inner_text("#hpcai-partition-limits").startswith("gpu: ")
         page.fill("#hpcai-nodes", "99")
         page.click("input[type=submit], button[type=submit]")
         assert "more than the 2 allowed" in page.inner_text("#hpcai-error-nodes")
         page.select_option("#hpcai-profile", "2 nodes x 2 GPUs")
         page.fill("#hpcai-nodes", "2")
+        assert page.query_selector("#hpcai-error-nodes") is None  # corrected: the message goes before any submit
         page.fill("#hpcai-gpus_per_node", "1")
+        link = page.inner_text("#hpcai-share")  # the whole address, to copy
+        assert link.startswith(f"{hub.url}/hub/spawn?profile=2+nodes+x+2+GPUs&partition=gpu&nodes=2&gpus_per_node=1&"), link
         page.screenshot(path=str(ARTIFACTS / "spawn-form.png"), full_page=True)
         page.click("input[type=submit], button[type=submit]")
         page.wait_for_url(re.compile(rf".*/user/{USER}/lab.*"), timeout=180_000)
@@ -319,3 +343,55 @@ def test_browser_spawn_form_to_jupyterlab(hub: Hub) -> None:
     assert job["NumNodes"] == "2" and job["TresPerNode"] == "gres:gpu:1"  # what the form asked for
     hub.stop_server()
 
+
+
+def _form_estimates(page, hub: Hub, wanted: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """Each profile's start estimate on the spawn form, once one of them says ``wanted`` (the form shows cached
+    estimates while Slurm's fresh ones come, for a few seconds in the demo)."""
+    def shown() -> dict[str, str] | None:
+        page.goto(f"{hub.url}/hub/spawn")
+        found = {o.get_attribute("value"): o.get_attribute("data-estimate") or ""
+                 for o in page.query_selector_all("#hpcai-profile option")}
+        return found if any(wanted in said for said in found.values()) else None
+
+    return wait_until(shown, timeout=60, interval=2, what=f"the form's estimates to say {wanted!r}")
+
+
+def test_the_form_says_when_each_profile_would_start(hub: Hub, tmp_path: Path) -> None:
+    """While another job holds 3 of each node's 4 GPUs, the 2x2-GPU profile waits for it and the 1-GPU one starts
+    now; with a reservation in 90 minutes, the 2-hour job waits for its end and the form says 1 hour starts now."""
+    from playwright.sync_api import sync_playwright
+
+    from hub_helpers import logged_in_page
+
+    big, small = "2 nodes x 2 GPUs", "1 node, 1 GPU (debug)"
+    blocker = slurm.sbatch(["-N2", "--gpus-per-node=3", "--partition=gpu", "--time=00:20:00",
+                            f"--output={tmp_path}/blocker.out", "--wrap", "sleep 1200"])
+    reservation = "hpcai-test-backfill"
+    try:
+        wait_until(lambda: (slurm.job_info(blocker) or {}).get("JobState") == "RUNNING" or None, timeout=60,
+                   what="the blocker job")
+        with sync_playwright() as p:
+            browser, page = logged_in_page(p, hub)
+            said = _form_estimates(page, hub, "expected start")
+            assert said[small] == "Slurm: starts now", said
+            assert re.fullmatch(r"Slurm: expected start \d\d:\d\d \(in about (19|20|21) min\)", said[big]), said
+            assert f"{big} (expected start" in page.inner_text("#hpcai-profile")
+            page.select_option("#hpcai-profile", big)
+            assert page.inner_text("#hpcai-estimate") == said[big]
+
+            subprocess.run(["scancel", str(blocker)], check=True, timeout=30)
+            subprocess.run(["scontrol", "create", "reservation", f"ReservationName={reservation}",
+                            "StartTime=now+90minutes", "Duration=02:00:00", "Nodes=ALL", "Users=root",
+                            "Flags=IGNORE_JOBS"], check=True, timeout=30, capture_output=True)
+            said = _form_estimates(page, hub, "01:00:00 starts now")
+            assert re.fullmatch(r"Slurm: expected start \d\d:\d\d \(in about (3|4) h\); 01:00:00 starts now", said[big]), said
+            assert said[small] == "Slurm: starts now", said  # one hour ends before the reservation begins
+            page.select_option("#hpcai-profile", big)
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "spawn-form-estimates.png"), full_page=True)
+            browser.close()
+    finally:
+        subprocess.run(["scancel", str(blocker)], timeout=30, check=False)
+        subprocess.run(["scontrol", "delete", f"ReservationName={reservation}"], timeout=30, check=False,
+                       capture_output=True)

@@ -253,7 +253,7 @@ class Engines:
         self.telemetry_interval = found.table.get("telemetry_interval", telemetry.DEFAULT_INTERVAL)
         self.ranks, self.versions, _, frameworks = self._rank_table()
         self.framework = frameworks.pop() if len(frameworks) == 1 else None  # initialised on every rank
-        self._write_rank_table(owners=found.table.get("owners", []))
+        self._write_rank_table(owners=listing.live_owners(found.table))
         self._set_state("running")
         return self.ranks
 

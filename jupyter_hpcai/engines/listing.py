@@ -58,10 +58,14 @@ def read_rank_table(folder: Path) -> dict[str, Any] | None:
         return None
 
 
+def live_owners(table: dict[str, Any]) -> list[int]:
+    """The kernels using a set (those that started or attached to it) that still run: kernels run on the job's
+    first node, as does every caller (the server, the other kernels)."""
+    return [pid for pid in table.get("owners", []) if isinstance(pid, int) and pid > 0 and _running(pid)]
+
+
 def owner_alive(table: dict[str, Any]) -> bool:
-    """Whether a kernel that started or attached to a set is still running (kernels run on the job's first node,
-    as does every caller: the server and the other kernels)."""
-    return any(_running(pid) for pid in table.get("owners", []) if isinstance(pid, int) and pid > 0)
+    return bool(live_owners(table))
 
 
 def _running(pid: int) -> bool:

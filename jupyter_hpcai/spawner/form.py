@@ -1,4 +1,5 @@
-"""The resource form on the spawn page: profiles, then the values a user may adjust within the limits."""
+"""The resource form on the spawn page: profiles (with Slurm's expected start), then the values a user may
+adjust within the limits, and a link that starts a server with the current choices."""
 
 from __future__ import annotations
 
@@ -6,32 +7,49 @@ import json
 from collections.abc import Mapping
 from html import escape
 
-from .options import Limit, Profile
+from .options import FIELDS, Limit, Profile
 
 STYLE = """<style>
 .hpcai-form .form-group{margin-bottom:.6em}.hpcai-form .hpcai-error{color:#b00020;font-weight:600}
-.hpcai-form .hpcai-limits{font-size:90%;color:#555;margin:0 0 .8em 0;padding-left:1.2em}
+.hpcai-form .form-text{font-size:90%;color:#555}
 </style>"""
 
+# A profile's values fill the fields; the selected partition's limits and the selected profile's start estimate
+# show under their selects; a field's error goes once the field changes; the link follows every field.
 SCRIPT = """<script>
-(function(){var p=document.getElementById('hpcai-profile');if(!p)return;
+(function(){
+var form=document.querySelector('.hpcai-form');if(!form)return;
+function byId(n){return document.getElementById('hpcai-'+n);}
+function note(sel,target,key){var o=sel.selectedOptions[0];if(o&&target)target.textContent=o.dataset[key]||'';}
+function share(){var q=new URLSearchParams();FIELDS.forEach(function(n){var e=byId(n);if(e&&e.value!=='')q.set(n,e.value);});
+  var a=byId('share');a.href=location.pathname.replace(/\\/spawn(\\/[^?]*)?$/,'/spawn')+'?'+q.toString();a.textContent=a.href;}
+function cleared(n){var e=byId('error-'+n);if(e)e.remove();}
+var FIELDS=%s;
+FIELDS.forEach(function(n){var e=byId(n);if(!e)return;['input','change'].forEach(function(ev){e.addEventListener(ev,function(){cleared(n);share();});});});
+var p=byId('profile'),part=byId('partition');
 p.addEventListener('change',function(){var d=JSON.parse(p.selectedOptions[0].dataset.values);
-for(var k in d){var e=document.getElementById('hpcai-'+k);if(e)e.value=d[k];}});})();
+  for(var k in d){var e=byId(k);if(e&&e.value!==d[k]){e.value=d[k];cleared(k);}}
+  note(p,byId('estimate'),'estimate');note(part,byId('partition-limits'),'limits');share();});
+part.addEventListener('change',function(){note(part,byId('partition-limits'),'limits');});
+note(p,byId('estimate'),'estimate');note(part,byId('partition-limits'),'limits');share();
+})();
 </script>"""
 
 
 def render(profiles: list[Profile], limits: Mapping[str, Limit], environments: Mapping[str, str],
-           values: Mapping[str, str] | None = None, errors: Mapping[str, str] | None = None) -> str:
-    """HTML for the form; ``values`` and ``errors`` re-show a rejected submission with a message per field."""
-    errors = errors or {}
+           values: Mapping[str, str] | None = None, errors: Mapping[str, str] | None = None,
+           estimates: Mapping[str, str] | None = None) -> str:
+    """HTML for the form; ``values`` and ``errors`` re-show a rejected submission with a message per field;
+    ``estimates``: profile name -> when Slurm expects its job to start, in words."""
+    errors, estimates = errors or {}, estimates or {}
     first = profiles[0].model_dump() if profiles else {}
     values = {**{k: str(v) for k, v in first.items()}, **(values or {})}
 
     def err(name: str) -> str:
         return f'<div class="hpcai-error" id="hpcai-error-{name}">{escape(errors[name])}</div>' if name in errors else ""
 
-    def field(name: str, label: str, control: str) -> str:
-        return f'<div class="form-group"><label for="hpcai-{name}">{label}</label>{control}{err(name)}</div>'
+    def field(name: str, label: str, control: str, note: str = "") -> str:
+        return f'<div class="form-group"><label for="hpcai-{name}">{label}</label>{control}{note}{err(name)}</div>'
 
     def number(name: str, minimum: int) -> str:
         return (f'<input class="form-control" type="number" min="{minimum}" id="hpcai-{name}" name="{name}" '
@@ -40,24 +58,31 @@ def render(profiles: list[Profile], limits: Mapping[str, Limit], environments: M
     def select(name: str, choices: list[tuple[str, str, str]]) -> str:
         opts = "".join(f'<option value="{escape(v)}"{extra}{" selected" if v == values.get(name) else ""}>{escape(t)}</option>'
                        for v, t, extra in choices)
-        return f'<select class="form-control" id="hpcai-{name}" name="{name}">{opts}</select>'
+        return f'<select class="form-select" id="hpcai-{name}" name="{name}">{opts}</select>'
 
-    profile_choices = [(p.name, p.name, f" data-values='{escape(json.dumps(_defaults(p)))}'") for p in profiles]
-    partition_choices = [(name, limit.describe(), "") for name, limit in limits.items()]
+    def text(name: str) -> str:
+        return f'<input class="form-control" id="hpcai-{name}" name="{name}" value="{escape(values.get(name, ""))}">'
+
+    def profile_choice(p: Profile) -> tuple[str, str, str]:
+        said = estimates.get(p.name, "")
+        data = f" data-values='{escape(json.dumps(_defaults(p)))}' data-estimate=\"{escape(f'Slurm: {said}' if said else '')}\""
+        return p.name, f"{p.name} ({said})" if said else p.name, data
+
+    partition_choices = [(name, name, f' data-limits="{escape(limit.describe())}"') for name, limit in limits.items()]
     env_choices = [("", "(server default)", "")] + [(k, v, "") for k, v in environments.items()]
     parts = [
         STYLE, '<div class="hpcai-form">',
-        field("profile", "Profile", select("profile", profile_choices)),
-        '<ul class="hpcai-limits">' + "".join(f"<li>{escape(limit.describe())}</li>" for limit in limits.values()) + "</ul>",
-        field("partition", "Partition", select("partition", partition_choices)),
+        field("profile", "Profile", select("profile", [profile_choice(p) for p in profiles]),
+              '<div class="form-text" id="hpcai-estimate"></div>'),
+        field("partition", "Partition", select("partition", partition_choices),
+              '<div class="form-text" id="hpcai-partition-limits"></div>'),
         field("nodes", "Nodes", number("nodes", 1)),
         field("gpus_per_node", "GPUs per node", number("gpus_per_node", 0)),
-        field("walltime", "Walltime (HH:MM:SS)",
-              f'<input class="form-control" id="hpcai-walltime" name="walltime" value="{escape(values.get("walltime", ""))}">'),
-        field("account", "Account (optional)",
-              f'<input class="form-control" id="hpcai-account" name="account" value="{escape(values.get("account", ""))}">'),
+        field("walltime", "Walltime (HH:MM:SS)", text("walltime")),
+        field("account", "Account (optional)", text("account")),
         field("environment", "Environment", select("environment", env_choices)),
-        "</div>", SCRIPT,
+        '<p class="form-text">A link that starts a server with these choices: <a id="hpcai-share" href="#"></a></p>',
+        "</div>", SCRIPT % json.dumps(list(FIELDS)),
     ]
     return "\n".join(parts)
 

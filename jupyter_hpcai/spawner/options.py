@@ -135,9 +135,19 @@ def validate(raw: Mapping[str, Any], profiles: list[Profile], limits: Mapping[st
 
 
 def _say(error: Mapping[str, Any]) -> str:
-    if error["type"] == "string_pattern_mismatch":
+    """The form's own words for a field the model refused."""
+    kind, ctx, given = error["type"], error.get("ctx") or {}, error.get("input")
+    if kind == "string_pattern_mismatch":
         return "contains characters that are not allowed (letters, digits, '.', '_' and '-' only; no spaces or newlines)" \
             if error["loc"][0] != "walltime" else "must look like HH:MM:SS, MM or D-HH:MM:SS"
+    if kind == "greater_than_equal":
+        return f"must be {ctx['ge']} or more, not {given}"
+    if kind == "less_than_equal":
+        return f"must be {ctx['le']} or less, not {given}"
+    if kind in ("int_parsing", "int_type", "int_from_float"):
+        return "must be a whole number"
+    if kind == "string_too_long":
+        return f"is too long (at most {ctx.get('max_length')} characters)"
     return str(error["msg"]).removeprefix("Value error, ")
 
 

@@ -13,12 +13,12 @@ from typing import Any
 
 from batchspawner import JobStatus, SlurmSpawner
 from tornado.web import HTTPError
-from traitlets import Dict, Float, Integer, List, Set, Unicode, default
+from traitlets import Bool, Dict, Float, Integer, List, Set, Unicode, default
 
 from .. import slurm
 from ..envs import EnvStore, open_env
 from ..errors import HPCAIError
-from . import extend, form, script
+from . import estimates, extend, form, jobstate, script
 from .options import Limit, OptionsError, Profile, SpawnOptions, merge_limits, validate
 from .progress import pending_message
 
@@ -66,6 +66,14 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         default): every env in the site's roots (HPCAI_ENV_PATH, or the site config's envs.site_roots, else
         /opt/hpcai/envs), read when the form is shown. Never a user's own root: the hub reads only admins' folders.""")
     limits_ttl = Float(60, config=True, help="Seconds the scheduler's partition limits are cached.")
+    start_estimates = Bool(True, config=True, help="""Show on the form when Slurm expects each profile's job to
+        start (sbatch --test-only as the user), and a shorter walltime that starts sooner.""")
+    start_estimates_ttl = Float(30, config=True, help="Seconds a user's start estimates are cached.")
+    job_state_interval = Float(1.0, config=True, help="""Seconds between the hub's queries of its jobs' states:
+        one squeue per interval answers every spawner's poll, start loop and progress stream. 0: each spawner
+        asks Slurm on its own (one scontrol per poll).""")
+    max_concurrent_submits = Integer(8, config=True, help="""Submissions (sbatch --test-only, then sbatch) the hub
+        runs at once; the others wait in order, and their spawn pages say their place.""")
     req_srun = Unicode("", config=True, help="Empty: the server runs in the batch step, on the first node only.")
     bind_ip = Unicode("", config=True, help="""Where the notebook server listens on its node. Empty (the default):
         the node's address as Slurm knows it (NodeAddr), found in the job; "0.0.0.0": every interface. The hub
@@ -115,7 +123,15 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         values, errors = self._rejected or ({}, {})
         self._rejected = None
         environments = await asyncio.to_thread(self._environments)
-        return form.render(self._profiles(), await self.current_limits(), environments, values, errors)
+        profiles = self._profiles()
+        said: dict[str, str] = {}
+        if self.start_estimates:  # at most estimates.WAIT seconds more for the form; else the last ones
+            prefix = shlex.split(self.exec_prefix.format(username=self.user.name))
+            found = await estimates.ESTIMATES.of(self.user.name, prefix, profiles, _command_env(),
+                                                 self.start_estimates_ttl)
+            now = time.time()
+            said = {name: e.words(now) for name, e in found.items()}
+        return form.render(profiles, await self.current_limits(), environments, values, errors, said)
 
     def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
         return self._checked({k: v[0] for k, v in formdata.items() if v}, remember=True)
@@ -194,14 +210,15 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             self._options, self._profile = self._validate(self.user_options or {})
         except OptionsError as err:
             raise _refused(400, err) from None
-        test = " ".join([self.exec_prefix.format(username=self.user.name), "sbatch --test-only"])
-        try:
-            await self.run_command(test, input=self.job_script(), env=self.get_env())
-        except RuntimeError as err:
-            raise _refused(400, HPCAIError(
-                f"the scheduler would not run this request: {str(err).removeprefix('sbatch: error: ')}",
-                "pick another partition, fewer nodes or GPUs, or a shorter walltime")) from None
-        await self.submit_batch_script()
+        async with jobstate.SUBMITS.slot(self, self.max_concurrent_submits):  # a storm never forks hundreds at once
+            test = " ".join([self.exec_prefix.format(username=self.user.name), "sbatch --test-only"])
+            try:
+                await self.run_command(test, input=self.job_script(), env=self.get_env())
+            except RuntimeError as err:
+                raise _refused(400, HPCAIError(
+                    f"the scheduler would not run this request: {str(err).removeprefix('sbatch: error: ')}",
+                    "pick another partition, fewer nodes or GPUs, or a shorter walltime")) from None
+            await self.submit_batch_script()
         self.follows = ""  # only this job waits for that one; a later start of this server does not
         if not self.job_id:
             raise HPCAIError("sbatch returned no job id", "see the hub log")
@@ -232,12 +249,19 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
                 raise HPCAIError(await self._failure_report("ended before the Jupyter server answered"))
             await asyncio.sleep(self.startup_poll_interval)
 
+    async def _job_info(self) -> dict[str, str] | None:
+        """Slurm's record of this spawner's job: from the hub's shared query of its jobs (jobstate.py), or its
+        own scontrol when ``job_state_interval`` is 0."""
+        if self.job_state_interval > 0:
+            return await jobstate.JOB_STATES.info(self.job_id, self.job_state_interval, self.log)
+        return await asyncio.to_thread(slurm.job_info, self.job_id)
+
     async def query_job_status(self) -> JobStatus:
         """Slurm's word on the job. A failed query is UNKNOWN (the job is kept), never 'gone'."""
         if not self.job_id:
             return JobStatus.NOTFOUND
         try:
-            info = await asyncio.to_thread(slurm.job_info, self.job_id)
+            info = await self._job_info()
         except HPCAIError as err:
             self.log.warning("Slurm query for job %s failed, keeping the job: %s", self.job_id, err)
             return JobStatus.UNKNOWN
@@ -305,10 +329,18 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         """Spawn-page events: job id, state, the scheduler's pending reason and expected start."""
         last = ""
         while True:
-            if not self.job_id:
+            ahead = jobstate.SUBMITS.place(self)
+            if not self.job_id and ahead:
+                message, pct = (f"Waiting to submit: {ahead} request(s) before yours (the hub submits "
+                                f"{self.max_concurrent_submits} at a time)"), 2
+            elif not self.job_id:
                 message, pct = "Checking the request with the scheduler and submitting the job...", 5
             else:
-                info = await asyncio.to_thread(slurm.job_info, self.job_id) or {}
+                try:
+                    info = await self._job_info() or {}
+                except HPCAIError:  # Slurm did not answer this time: say nothing new
+                    await asyncio.sleep(1)
+                    continue
                 state = info.get("JobState", "")
                 if state == "PENDING":
                     message, pct = pending_message(self.job_id, info.get("Reason", ""), info.get("StartTime", "")), 30
