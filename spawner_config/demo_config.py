@@ -63,10 +63,13 @@ c.HPCSlurmSpawner.profiles = [
      "environment": "tf-horovod-cpu"},
 ]
 c.HPCSlurmSpawner.environments = {"tf-horovod-cpu": "TensorFlow 2.15 + Horovod 0.28 (CPU)"}
-c.HPCSlurmSpawner.limits = {"debug": {"max_walltime": "01:00:00"}, "gpu": {"max_walltime": "08:00:00"}}
+c.HPCSlurmSpawner.limits = {"debug": {"max_walltime": "01:00:00"}, "gpu": {"max_walltime": "08:00:00"},
+                            "cpu": {"max_gpus_per_node": 0, "max_nodes": 1}}
 # %hpc extend / the side panel's Extend: gpu jobs up to 4 hours in all; debug jobs are not extended
 c.HPCSlurmSpawner.extend_max_walltime = {"gpu": "04:00:00"}
 # the spawn form's start estimates: a few users on one machine, whose queue changes in seconds
 c.HPCSlurmSpawner.start_estimates_ttl = 5
+# one squeue a second for every spawner's poll (0: each spawner asks Slurm on its own, as the load test compares)
+c.HPCSlurmSpawner.job_state_interval = float(os.environ.get("HPCAI_JOB_STATE_INTERVAL", "1"))
 # %hpc continue queues a follow-up job as a named server (after-<job>) beside the running one
 c.JupyterHub.allow_named_servers = True

@@ -20,10 +20,14 @@ __all__ = ["BOB", "CHROMIUM_ARGS", "PASSWORD", "USER", "Hub", "ensure_user", "lo
 class Hub(HubProcess):
     """The demo hub on free ports, with a fresh admin token; restartable in place."""
 
-    def __init__(self, state: Path) -> None:
+    def __init__(self, state: Path, users: tuple[str, ...] = (USER, BOB), environ: dict[str, str] | None = None) -> None:
         super().__init__(state, free_port(), free_port(), free_port(), password=PASSWORD, token=secrets.token_hex(16),
-                         users=(USER, BOB))
+                         users=users)
+        self.environ = environ or {}  # more of the hub's environment (the demo config's knobs)
         self.proc: subprocess.Popen[bytes] | None = None
+
+    def env(self) -> dict[str, str]:
+        return {**super().env(), **self.environ}
 
     def start(self) -> subprocess.Popen[bytes]:
         self.proc = super().start()

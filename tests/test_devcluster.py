@@ -33,7 +33,7 @@ def test_nodes_idle_with_four_gpus(devcluster: DevCluster) -> None:
                          check=True, timeout=30).stdout
     rows = {tuple(line.split()) for line in out.splitlines()}
     assert {(n, "idle", "gpu:4") for n in ("n1", "n2")} == {r[:3] for r in rows}
-    assert {r[3].rstrip("*") for r in rows} == {"gpu", "debug"}
+    assert {r[3].rstrip("*") for r in rows} == {"gpu", "debug", "cpu"}
     assert {(n.name, n.gpus) for n in slurm.nodes()} == {("n1", 4), ("n2", 4)}
 
 

@@ -4,13 +4,23 @@ submission queue."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
 import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from jupyter_helpers import Server
 from jupyter_hpcai import slurm
 from jupyter_hpcai.errors import HPCAIError
+from jupyter_hpcai.proc import wait_until
 from jupyter_hpcai.spawner.jobstate import JobStates, SubmitQueue
 
 
@@ -30,9 +40,10 @@ def test_one_scheduler_query_answers_every_spawner(devcluster, tmp_path: Path, m
 
         later = str(slurm.sbatch(["--hold", "--time=00:05:00", f"--output={tmp_path}/j.out", "--wrap", "true"]))
         jobs.append(later)
-        found = asyncio.run(states.info(later, interval=30))  # not in this cycle's answer: asked on its own
+        found = asyncio.run(states.info(later, interval=1))  # submitted since: the next cycle's query has it
         assert found and found["JobState"] == "PENDING" and states.per_minute() == 2
-        assert asyncio.run(states.info("999999", interval=30)) is None  # unknown to Slurm: gone, after its own query
+        assert asyncio.run(states.info("999999", interval=1)) is None  # not in the answer: gone, after its own query
+        assert states.per_minute() == 4
 
         subprocess.run(["scancel", jobs[0]], check=True, timeout=30)
         ended = asyncio.run(states.info(jobs[0], interval=0))  # a new cycle: the job is seen ending, not missing
@@ -74,3 +85,160 @@ def test_submissions_wait_in_order_and_know_their_place() -> None:
     assert most == 2  # never more than the limit at once
     assert places == [0, 0, 1, 2, 3, 2]  # two submitting, three waiting in order; then one fewer before the last
     assert order == ["s0", "s1", "s2", "s4"] and after == [0] * 5
+
+
+# -- 40 real users at once, through the real hub -------------------------------------------------------------
+USERS = tuple(f"hpcai-load-{i:02d}" for i in range(1, 41))
+CPU_JOB = {"profile": "1 node, 1 GPU (debug)", "partition": "cpu", "nodes": 1, "gpus_per_node": 0,
+           "walltime": "00:20:00"}
+JOB_INFO_RPCS = re.compile(r"^\s*(REQUEST_JOB_INFO\w*)\s+\(\s*\d+\)\s+count:(\d+)", re.M)
+
+
+def _job_info_rpcs() -> int:
+    """slurmctld's own count of job-state queries (squeue, scontrol show job), from sdiag."""
+    out = subprocess.run(["sdiag"], capture_output=True, text=True, timeout=30, check=True).stdout
+    return sum(int(count) for _, count in JOB_INFO_RPCS.findall(out))
+
+
+def _rss_mib(pid: int) -> float:
+    found = re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())
+    return int(found.group(1)) / 1024 if found else 0.0
+
+
+def _servers(hub) -> dict[str, dict]:  # type: ignore[no-untyped-def,type-arg]
+    status, users = hub.api("GET", "/users?state=active&limit=200")
+    assert status == 200, users
+    return {u["name"]: u["servers"].get("", {}) for u in users if u["name"] in USERS}
+
+
+@dataclass
+class Storm:
+    """What one storm measured."""
+
+    asked: int
+    ready: int
+    seconds: float  # first request to the last server ready
+    rpcs: int  # slurmctld's job-state queries meanwhile
+    latencies: list[float]  # an unrelated API request, every 0.2 s during the storm
+    hub_mib: float
+
+    @property
+    def per_minute(self) -> float:
+        return self.rpcs / self.seconds * 60
+
+    def percentile(self, share: float) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+MidStorm = Callable[[Any, set[str]], "set[str] | None"]  # (hub, users ready) -> users lost, once it acted
+RESTARTING = threading.Event()  # the probe pauses while the hub restarts: a hub that is down has no latency
+
+
+def _storm(hub, users: tuple[str, ...], mid_storm: MidStorm | None = None) -> tuple[Storm, set[str]]:  # type: ignore[no-untyped-def]
+    """Every user asks for a CPU-only server at once (REST, the hub's admin token), until every server is ready
+    but those ``mid_storm`` lost; what it measured, and those lost."""
+    latencies: list[float] = []
+    done = threading.Event()
+
+    def probe() -> None:  # an unrelated request: the hub's own info
+        while not done.is_set():
+            started = time.monotonic()
+            with contextlib.suppress(OSError):
+                hub.api("GET", "/info")
+                if not RESTARTING.is_set():
+                    latencies.append(time.monotonic() - started)
+            done.wait(0.2)
+
+    before, started = _job_info_rpcs(), time.monotonic()
+    prober = threading.Thread(target=probe, daemon=True)
+    prober.start()
+    with ThreadPoolExecutor(len(users)) as pool:
+        answers = list(pool.map(lambda u: hub.api("POST", f"/users/{u}/server", CPU_JOB)[0], users))
+    assert all(status in (201, 202) for status in answers), answers
+    lost: set[str] = set()
+    try:
+        while True:
+            servers = _servers(hub)
+            ready = {u for u in users if servers.get(u, {}).get("ready")}
+            if mid_storm is not None and (acted := mid_storm(hub, ready)) is not None:
+                lost, mid_storm = acted, None
+                continue
+            if ready >= set(users) - lost:
+                break
+            assert time.monotonic() - started < 900, f"{len(ready)} of {len(users)} servers ready after 15 min"
+            time.sleep(1)
+    finally:
+        done.set()
+        prober.join()
+    seconds = time.monotonic() - started
+    assert hub.proc is not None
+    return Storm(len(users), len(ready), seconds, _job_info_rpcs() - before, latencies, _rss_mib(hub.proc.pid)), lost
+
+
+def _stop_all(hub, users: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda u: hub.api("DELETE", f"/users/{u}/server"), users))
+    wait_until(lambda: not any(_servers(hub).values()) or None, timeout=300, what="every load server to stop")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_forty_users_at_once(devcluster, tmp_path: Path, bench: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """40 real users spawn CPU-only servers at once, then all stop: once with each spawner asking Slurm on its own,
+    once with the shared query. The second storm kills one user's job and restarts the hub while servers are
+    still starting: every other server comes up and stays attached, the killed one is noticed."""
+    from hub_helpers import Hub, ensure_user
+
+    for user in USERS:
+        ensure_user(user)
+    storms: dict[str, Storm] = {}
+    for mode, interval in (("per-spawner", "0"), ("shared", "1")):
+        hub = Hub(tmp_path / mode, users=USERS, environ={"HPCAI_JOB_STATE_INTERVAL": interval})
+        hub.start()
+        try:
+            for user in USERS:
+                hub.api("POST", f"/users/{user}")
+
+            def kill_and_restart(hub, ready: set[str]) -> set[str] | None:  # type: ignore[no-untyped-def]
+                if len(ready) < 10:
+                    return None
+                victim = sorted(ready)[0]
+                subprocess.run(["scancel", "--user", victim], check=True, timeout=30)
+                RESTARTING.set()
+                hub.stop()  # mid-storm: servers starting, others up
+                hub.start()
+                RESTARTING.clear()
+                for user in USERS:  # a start the hub never finished is asked again, as its user would
+                    if user != victim and not _servers(hub).get(user):
+                        hub.api("POST", f"/users/{user}/server", CPU_JOB)
+                return {victim}
+
+            storm, lost = _storm(hub, USERS, kill_and_restart if mode == "shared" else None)
+            storms[mode] = storm
+            if mode == "shared":
+                assert len(lost) == 1 and storm.ready == len(USERS) - 1, (lost, storm)
+                victim = lost.pop()
+                wait_until(lambda: not _servers(hub).get(victim) or None, timeout=120,
+                           what="the hub to notice the killed job")
+                for user in USERS:  # every other server still attached: the proxy reaches it, as its user
+                    if user != victim:
+                        server = Server(f"{hub.url}/user/{user}", hub.user_token(user), Path("/dev/null"))
+                        assert server.request("GET", "/api/status")[0] == 200, user
+                assert not subprocess.run(["squeue", "--noheader", "--user", victim], capture_output=True, text=True,
+                                          timeout=30).stdout.strip()
+            else:
+                assert storm.ready == len(USERS)
+            _stop_all(hub, USERS)
+        finally:
+            hub.stop(proxy=True)
+            for user in USERS:
+                subprocess.run(["scancel", "--user", user], timeout=30, check=False)
+    shared, alone = storms["shared"], storms["per-spawner"]
+    bench.append(f"hub under load, {len(USERS)} users at once (CPU-only jobs): scheduler job-state queries per minute, "
+                 f"shared query / one per spawner = {shared.per_minute / alone.per_minute:.3f} (target <= 0.1; "
+                 f"{shared.per_minute:.0f} vs {alone.per_minute:.0f} a minute, slurmctld's sdiag)")
+    for mode, storm in storms.items():
+        bench.append(f"hub under load ({mode}): {storm.ready}/{storm.asked} ready, first request to last ready "
+                     f"{storm.seconds:.0f} s, unrelated API request p50 {storm.percentile(0.5) * 1000:.0f} ms / p99 "
+                     f"{storm.percentile(0.99) * 1000:.0f} ms (target < 1 s), hub memory {storm.hub_mib:.0f} MiB")

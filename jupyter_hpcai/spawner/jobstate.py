@@ -2,10 +2,10 @@
 progress stream, and submissions go through a bounded queue.
 
 ``JobStates``: the jobs any spawner asked about recently are asked for in one ``squeue`` per ``interval``
-(concurrent callers share the query in flight); a job missing from that answer (submitted since, or gone) is
-asked for on its own (``scontrol show job``) before anyone calls it gone; a query that fails raises, which the
-spawner reads as UNKNOWN (the job is kept), never as gone. The scheduler calls of the last minute are counted
-and logged once a minute.
+(concurrent callers share the query in flight; a job submitted since waits for the next cycle's); a job the
+query asked for and did not find is asked for on its own (``scontrol show job``) before anyone calls it gone;
+a query that fails raises, which the spawner reads as UNKNOWN (the job is kept), never as gone. The
+scheduler calls of the last minute are counted and logged once a minute.
 
 ``SubmitQueue``: at most ``limit`` submissions (``sbatch --test-only`` and ``sbatch``, each a sudo) at once; the
 others wait in order and can say their place.
@@ -35,8 +35,9 @@ class JobStates:
     def __init__(self) -> None:
         self._asked: dict[str, float] = {}  # job id -> when a spawner last asked (monotonic)
         self._snapshot: dict[str, dict[str, str]] = {}
+        self._queried: set[str] = set()  # the jobs the snapshot's query asked for
         self._taken = float("-inf")  # when the snapshot was taken (monotonic)
-        self._query: asyncio.Future[dict[str, dict[str, str]]] | None = None
+        self._query: asyncio.Future[tuple[dict[str, dict[str, str]], set[str]]] | None = None
         self.calls: deque[float] = deque()  # when each scheduler call of the last minute was made
         self._logged = time.monotonic()
 
@@ -47,9 +48,13 @@ class JobStates:
         self._asked[job_id] = now
         if now - self._taken >= interval:
             await self._refresh()
+        if job_id not in self._queried:  # new since the last query (just submitted): the next cycle's includes it
+            await asyncio.sleep(max(0.0, self._taken + interval - time.monotonic()))
+            if job_id not in self._queried:
+                await self._refresh()
         if job_id in self._snapshot:
             found = self._snapshot[job_id]
-        else:  # submitted after the query, or gone: its own answer decides
+        else:  # asked for, and missing: gone, or just out of squeue's sight; its own answer decides
             self._count()
             found = await asyncio.to_thread(slurm.job_info, job_id)
         self._log(log)
@@ -60,19 +65,19 @@ class JobStates:
             self._query = asyncio.ensure_future(self._ask())
         query = self._query
         try:
-            self._snapshot = await asyncio.shield(query)
+            self._snapshot, self._queried = await asyncio.shield(query)
             self._taken = time.monotonic()
         finally:
             if self._query is query and query.done():
                 self._query = None
 
-    async def _ask(self) -> dict[str, dict[str, str]]:
+    async def _ask(self) -> tuple[dict[str, dict[str, str]], set[str]]:
         """The cycle's squeue, for the jobs asked about by then (the task starts after the callers that are ready
         in this turn of the event loop, so a storm of polls joins one query)."""
         ids = [job for job, at in self._asked.items() if time.monotonic() - at < FORGET_AFTER]
         self._asked = {job: self._asked[job] for job in ids}
         self._count()
-        return await asyncio.to_thread(_squeue, ids)
+        return await asyncio.to_thread(_squeue, ids), set(ids)
 
     def _count(self) -> None:
         self.calls.append(time.monotonic())
