@@ -223,6 +223,34 @@ def test_pending_job_shows_the_reason(hub: Hub, tmp_path: Path) -> None:
     hub.stop_server()
 
 
+def _user_jobs() -> list[str]:
+    return subprocess.run(["squeue", "--noheader", "--user", USER, "--format=%i"], capture_output=True, text=True,
+                          timeout=30, check=True).stdout.split()
+
+
+def test_a_start_cut_off_by_a_hub_restart_leaves_no_job_behind(hub: Hub, tmp_path: Path) -> None:
+    """The hub is killed while a server's job waits in the queue; asked again after the restart, the server gets
+    one job: the first one is cancelled, not left to run unseen until its walltime."""
+    release = tmp_path / "release"
+    blocker = slurm.sbatch(["-N2", "--gpus-per-node=4", "--partition=debug", f"--output={tmp_path}/b.out",
+                            "--wrap", f"while [ ! -e {release} ]; do sleep 0.2; done"])
+    try:
+        wait_until(lambda: slurm.job_info(blocker)["JobState"] == "RUNNING", timeout=60, what="the blocker job")  # type: ignore[index]
+        hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)"})
+        first = wait_until(lambda: _user_jobs() or None, timeout=60, what="the server's job")[0]
+        hub.kill()
+        hub.start()
+        wait_until(lambda: hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)"})[0]
+                   in (201, 202) or None, timeout=180, what="the hub to take the request again")
+        wait_until(lambda: (jobs := _user_jobs()) and first not in jobs and len(jobs) == 1 or None, timeout=60,
+                   what=f"one job for the server, not {first}")
+    finally:
+        release.touch()
+        subprocess.run(["scancel", str(blocker)], timeout=30, check=False)
+    hub.wait_ready()
+    hub.stop_server()
+
+
 def _progress_messages(hub: Hub, until: str, timeout: float = 60) -> list[str]:
     req = urllib.request.Request(f"{hub.url}/hub/api/users/{USER}/server/progress",
                                  headers={"Authorization": f"token {hub.token}"})

@@ -210,7 +210,6 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             self._options, self._profile = self._validate(self.user_options or {})
         except OptionsError as err:
             raise _refused(400, err) from None
-        await self._cancel_unfinished_start()
         async with jobstate.SUBMITS.slot(self, self.max_concurrent_submits):  # a storm never forks hundreds at once
             test = " ".join([self.exec_prefix.format(username=self.user.name), "sbatch --test-only"])
             try:
@@ -237,23 +236,11 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         return self.ip, self.port
 
     def _remember_job(self) -> None:
-        """Save the job id now, not once the server is up: a hub restarted while this start waits knows the job
-        (the next start cancels it instead of leaving it to run unseen until its walltime)."""
+        """Save the job id now, not once the server is up: a hub restarted while this start waits finds the job
+        in the state, and its check of the server (not up) stops it, instead of leaving it to run unseen."""
         if self.orm_spawner is not None and self.db is not None:
             self.orm_spawner.state = self.get_state()
             self.db.commit()
-
-    async def _cancel_unfinished_start(self) -> None:
-        """A job id in the state when a start begins is a start the hub never finished (it restarted meanwhile):
-        that job serves nobody, so it goes before a new one is submitted."""
-        if not self.job_id:
-            return
-        info = await asyncio.to_thread(slurm.job_info, self.job_id)
-        if info is not None and info.get("JobState") in ("PENDING", "RUNNING", "CONFIGURING"):
-            self.log.warning("Cancelling job %s of %s, left by a start the hub did not finish", self.job_id,
-                             self.user.name)
-            await self.cancel_batch_job()
-        self.job_id = self.job_status = ""  # (clear_state would also drop the token the hub just made)
 
     async def _wait_until_listening(self) -> None:
         """Wait until the server takes connections on the port it reported (it reports before it listens). One
