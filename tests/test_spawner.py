@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pwd
@@ -11,6 +12,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -207,18 +209,26 @@ def test_token_never_on_a_command_line_or_in_scontrol(hub: Hub) -> None:
     hub.stop_server()
 
 
-def test_pending_job_shows_the_reason(hub: Hub, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _every_gpu_held(tmp_path: Path) -> Iterator[None]:
+    """A job holding every GPU of both nodes while the block runs; a server's job waits behind it."""
     release = tmp_path / "release"
     blocker = slurm.sbatch(["-N2", "--gpus-per-node=4", "--partition=debug", f"--output={tmp_path}/b.out",
                             "--wrap", f"while [ ! -e {release} ]; do sleep 0.2; done"])
     try:
         wait_until(lambda: slurm.job_info(blocker)["JobState"] == "RUNNING", timeout=60, what="the blocker job")  # type: ignore[index]
+        yield
+    finally:
+        release.touch()
+        subprocess.run(["scancel", str(blocker)], timeout=30, check=False)
+
+
+def test_pending_job_shows_the_reason(hub: Hub, tmp_path: Path) -> None:
+    with _every_gpu_held(tmp_path):
         hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)"})
         messages = _progress_messages(hub, until="[Resources]")
         pending = next(m for m in messages if "is pending" in m)
         assert re.search(r"Job \d+ is pending: waiting for resources.*\[Resources\]", pending), messages
-    finally:
-        release.touch()
     hub.wait_ready()
     hub.stop_server()
 
@@ -231,11 +241,7 @@ def _user_jobs() -> list[str]:
 def test_a_start_cut_off_by_a_hub_restart_leaves_no_job_behind(hub: Hub, tmp_path: Path) -> None:
     """The hub is killed while a server's job waits in the queue; asked again after the restart, the server gets
     one job: the first one is cancelled, not left to run unseen until its walltime."""
-    release = tmp_path / "release"
-    blocker = slurm.sbatch(["-N2", "--gpus-per-node=4", "--partition=debug", f"--output={tmp_path}/b.out",
-                            "--wrap", f"while [ ! -e {release} ]; do sleep 0.2; done"])
-    try:
-        wait_until(lambda: slurm.job_info(blocker)["JobState"] == "RUNNING", timeout=60, what="the blocker job")  # type: ignore[index]
+    with _every_gpu_held(tmp_path):
         hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)"})
         first = wait_until(lambda: _user_jobs() or None, timeout=60, what="the server's job")[0]
         hub.kill()
@@ -244,9 +250,6 @@ def test_a_start_cut_off_by_a_hub_restart_leaves_no_job_behind(hub: Hub, tmp_pat
                    in (201, 202) or None, timeout=180, what="the hub to take the request again")
         wait_until(lambda: (jobs := _user_jobs()) and first not in jobs and len(jobs) == 1 or None, timeout=60,
                    what=f"one job for the server, not {first}")
-    finally:
-        release.touch()
-        subprocess.run(["scancel", str(blocker)], timeout=30, check=False)
     hub.wait_ready()
     hub.stop_server()
 
