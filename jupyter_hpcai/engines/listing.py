@@ -241,9 +241,7 @@ def list_engine_sets(job: str | None = None, connect_timeout: float = 2.0) -> li
     launcher, controller state, whether a kernel uses it, and each rank (rank, host, GPU, pid, alive) with its
     latest telemetry."""
     sets = []
-    for engine_set in engine_sets():
-        if job is not None and not engine_set.cluster_id.startswith(f"hpcai-{job}-"):
-            continue
+    for engine_set in engine_sets() if job is None else job_sets(job):
         registered: set[int] = set()
         controller_running = engine_set.running
         if controller_running:
