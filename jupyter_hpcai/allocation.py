@@ -45,7 +45,7 @@ class Allocation:
             cpus_per_node=int(env.get("SLURM_CPUS_ON_NODE", "0") or 0),
             tasks=int(env.get("SLURM_NTASKS", "1") or 1),
             gpus_here=gpus_here,
-            end_time=_end_time(job_id, env) if query_end else None,
+            end_time=end_time(job_id, env) if query_end else None,
         )
 
     def seconds_left(self, now: dt.datetime | None = None) -> float | None:
@@ -74,7 +74,8 @@ def _gpus_per_node(env: Mapping[str, str], gpus_here: list[str]) -> int:
     return len(gpus_here)
 
 
-def _end_time(job_id: str, env: Mapping[str, str]) -> dt.datetime | None:
+def end_time(job_id: str, env: Mapping[str, str] | None = None) -> dt.datetime | None:
+    """When Slurm's job ``job_id`` reaches its time limit, or None (no limit, or no record)."""
     info = slurm.job_info(job_id, env)
     end = (info or {}).get("EndTime", "")
     try:

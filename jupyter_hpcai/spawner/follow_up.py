@@ -11,12 +11,13 @@ follow-up already queued.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import time
 from jupyterhub.apihandlers import APIHandler, default_handlers
 from tornado import web
 
-from .. import slurm
+from ..allocation import end_time
 from .extend import own_spawner
 
 QUEUED_WITHIN = 30  # seconds for the follow-up's sbatch to answer with a job id
@@ -28,12 +29,8 @@ def follow_up_name(job_id: str) -> str:
 
 
 def _seconds_left(job_id: str) -> int:
-    info = slurm.job_info(job_id) or {}
-    end = info.get("EndTime", "")
-    try:
-        return max(0, int(time.mktime(time.strptime(end, "%Y-%m-%dT%H:%M:%S")) - time.time()))
-    except ValueError:  # Unknown: no time limit
-        return 0
+    end = end_time(job_id)
+    return max(0, int((end - dt.datetime.now()).total_seconds())) if end else 0
 
 
 class ContinueHandler(APIHandler):  # type: ignore[misc]
