@@ -20,13 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .allocation import Allocation
 from .engines.batch import MASTER_ADDR_VAR, MASTER_PORT_VAR
+from .engines.frameworks import FRAMEWORKS
+from .engines.launch import Layout
 from .engines.launch import LAUNCHERS
 from .network import NODE_ADDRS
 from .errors import HPCAIError
 from .slurm import parse_duration
 
-RANK_MAGICS = {"%%horovod_run": "horovod", "%%torchrun": "torch"}
+MAGICS = {"horovod": "%%horovod_run", "torch": "%%torchrun"}  # framework -> the cell magic that runs it
+RANK_MAGICS = {magic: framework for framework, magic in MAGICS.items()}
 ALL = "all"
 
 
@@ -120,6 +124,10 @@ class JobSpec:
         return used.pop()
 
     @property
+    def magic(self) -> str:
+        return MAGICS[self.framework]
+
+    @property
     def stem(self) -> str:
         return self.notebook.stem.replace(" ", "_")
 
@@ -183,7 +191,7 @@ def job_script(spec: JobSpec, python_script: Path, python: str | None = None) ->
                          "write the scripts elsewhere: --out-dir DIR (or %hpc export --out-dir DIR)")
     lines += [f"#SBATCH --output={python_script.parent}/{spec.stem}-%j.out",
               f"# Exported by hpcai from {spec.notebook.name} (cells: {spec.chosen}) on {spec.exported}: its "
-              f"{'%%horovod_run' if spec.framework == 'horovod' else '%%torchrun'} cells as a batch job.",
+              f"{spec.magic} cells as a batch job.",
               f"# Env {spec.env.name}, build {spec.env.build} in {spec.env.root} (its lock: "
               f"{spec.env.root}/{spec.env.name}/builds/{spec.env.build}), activated as the notebook's kernel is.",
               "set -euo pipefail", "unset SLURM_EXPORT_ENV  # the ranks get this shell's whole environment"]
@@ -193,7 +201,7 @@ def job_script(spec: JobSpec, python_script: Path, python: str | None = None) ->
               """  addrs+=("$node=$(scontrol show node "$node" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)")""",
               "done",
               f'export {NODE_ADDRS}=$(IFS=,; echo "${{addrs[*]}}")']
-    if spec.framework == "torch":  # the rendezvous: the first node's address, a port from the job id
+    if FRAMEWORKS[spec.framework].params is not None:  # a rendezvous (torch's): the first node, a port from the job id
         lines += ['first=${addrs[0]}', f"export {MASTER_ADDR_VAR}=${{first#*=}}",
                   f"export {MASTER_PORT_VAR}=$((20000 + SLURM_JOB_ID % 20000))"]
     run = [*launcher.mpi_cmd, f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.gpus_per_node}",
@@ -205,7 +213,7 @@ def job_script(spec: JobSpec, python_script: Path, python: str | None = None) ->
 
 def python_script(spec: JobSpec) -> str:
     """The Python script every rank runs: the cells in order, each as the notebook ran it."""
-    magic = "%%horovod_run" if spec.framework == "horovod" else "%%torchrun"
+    magic = spec.magic
     out = [f'"""Exported by hpcai from {spec.notebook.name} (cells: {spec.chosen}) on {spec.exported}: what its',
            f"{magic} cells did, on every rank of a batch job (the .sbatch beside it starts one rank per GPU).",
            'Setup cells ran in the notebook\'s kernel: rank 0 runs them, and what a cell --pushes reaches every rank."""',
@@ -253,6 +261,19 @@ def spec_for(notebook: Path, chosen: str = ALL, env: str | None = None, **layout
     else:
         ref = EnvRef.named(env)
     return JobSpec(notebook, cells, ref, chosen=chosen, **{k: v for k, v in layout.items() if v is not None})
+
+
+def job_layout(allocation: Allocation | None, layout: Layout | None) -> dict[str, Any]:
+    """An export's layout from the notebook's own job: its engines' layout (else the allocation's), partition,
+    account and walltime; None for what it does not say."""
+    from . import slurm
+
+    info = (slurm.job_info(allocation.job_id) or {}) if allocation else {}
+    nodes = layout.nodes if layout else (len(allocation.nodes) if allocation else None)
+    per_node = layout.per_node if layout else ((allocation.gpus_per_node or None) if allocation else None)
+    return {"nodes": nodes, "gpus_per_node": per_node,
+            "time": info.get("TimeLimit") if info.get("TimeLimit", "UNLIMITED") != "UNLIMITED" else None,
+            "partition": info.get("Partition"), "account": info.get("Account") if info.get("Account") != "(null)" else None}
 
 
 def output_file(spec: JobSpec, job_id: int, folder: Path | None = None) -> Path:

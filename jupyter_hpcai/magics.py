@@ -242,19 +242,13 @@ def _export(engines: engines_api.Engines, chosen: str, out_dir: str | None) -> N
     """Write this notebook (as last saved) as a batch job with this job's layout, and print the sbatch script."""
     from pathlib import Path
 
-    from . import export, slurm
+    from . import export
 
     notebook = os.environ.get("JPY_SESSION_NAME", "")
     if not notebook.endswith(".ipynb") or not os.path.isfile(notebook):
         raise HPCAIError("this kernel does not know its notebook's file (JPY_SESSION_NAME)",
                          "run it from a terminal: hpcai job from-notebook NOTEBOOK.ipynb")
-    alloc, layout = engines.allocation, engines.layout
-    info = (slurm.job_info(alloc.job_id) or {}) if alloc else {}
-    spec = export.spec_for(
-        Path(notebook), chosen, nodes=layout.nodes if layout else (len(alloc.nodes) if alloc else None),
-        gpus_per_node=layout.per_node if layout else (alloc.gpus_per_node or None if alloc else None),
-        time=info.get("TimeLimit") if info.get("TimeLimit", "UNLIMITED") != "UNLIMITED" else None,
-        partition=info.get("Partition"), account=info.get("Account") if info.get("Account") != "(null)" else None)
+    spec = export.spec_for(Path(notebook), chosen, **export.job_layout(engines.allocation, engines.layout))
     sbatch, script = export.write(spec, Path(out_dir).expanduser() if out_dir else None)
     print(sbatch.read_text())
     print(f"wrote {sbatch} and {script} (from the notebook as last saved); submit with: sbatch {sbatch}")
