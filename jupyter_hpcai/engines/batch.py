@@ -17,7 +17,7 @@ from typing import Any, TextIO
 from .. import network
 from . import rankside
 from .engine import host_name, pin
-from .frameworks import FRAMEWORKS
+from .frameworks import FRAMEWORKS, torch_rendezvous
 
 MASTER_ADDR_VAR, MASTER_PORT_VAR = "HPCAI_MASTER_ADDR", "HPCAI_MASTER_PORT"  # torch's rendezvous (the job script's)
 
@@ -72,14 +72,13 @@ class Job:
         self.kernel_ns: dict[str, Any] = {}  # what the notebook's kernel held: the setup cells' names (rank 0)
 
     def _params(self) -> dict[str, Any]:
-        """torch.distributed's rendezvous, as the kernel computes it for the engines (frameworks._torch_params)."""
+        """The framework's params (torch.distributed's rendezvous), from what the job script exported."""
         if self.framework.params is None:
             return {}
         nodes = list(network.decode_addresses(os.environ[network.NODE_ADDRS]))
-        per_node = int(os.environ["SLURM_NTASKS"]) // max(1, len(nodes))
-        return {"master_addr": os.environ[MASTER_ADDR_VAR], "master_port": int(os.environ[MASTER_PORT_VAR]),
-                "world_size": int(os.environ["SLURM_NTASKS"]), "local_world_sizes": dict.fromkeys(nodes, per_node),
-                "backend": os.environ.get("HPCAI_TORCH_BACKEND", "")}
+        per_node = int(os.environ["SLURM_NTASKS"]) // max(1, len(nodes))  # block order: srun's --distribution
+        return torch_rendezvous(os.environ[MASTER_ADDR_VAR], int(os.environ[MASTER_PORT_VAR]),
+                                [node for node in nodes for _ in range(per_node)])
 
     def setup(self, code: str, cell: int) -> None:
         """A cell the notebook's kernel ran: rank 0 runs it (its output unprefixed, as the notebook showed it)."""

@@ -85,10 +85,12 @@ def _horovod_broadcast(value: Any) -> Any:
 
 def _torch_params(world: World) -> dict[str, Any]:
     """Rendezvous for torch.distributed: rank 0's node address and a port free there."""
-    first = world.ranks[0]
-    port = world.call(0, free_port)
-    hosts = [r.host for r in world.ranks]
-    return {"master_addr": first.addr, "master_port": port, "world_size": len(world.ranks),
+    return torch_rendezvous(world.ranks[0].addr, world.call(0, free_port), [r.host for r in world.ranks])
+
+
+def torch_rendezvous(master_addr: str, master_port: int, hosts: Sequence[str]) -> dict[str, Any]:
+    """torch.distributed's params for ranks on ``hosts`` (each rank's host, in rank order)."""
+    return {"master_addr": master_addr, "master_port": master_port, "world_size": len(hosts),
             "local_world_sizes": {h: hosts.count(h) for h in hosts},
             "backend": os.environ.get("HPCAI_TORCH_BACKEND", "")}
 
