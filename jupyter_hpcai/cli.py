@@ -72,6 +72,8 @@ def devcluster_up(nodes: int, gpus_per_node: int, port: int, single_host: bool, 
         cluster.up()
     if cluster.note:
         console.print(f"[yellow]note:[/] the nodes share this host's loopback: {esc(cluster.note)}")
+    if cluster.cpu_note:
+        console.print(f"[yellow]note:[/] the nodes' processes take this host's CPU as its own do: {esc(cluster.cpu_note)}")
     _show_status(cluster)
     console.print(f"\nTo use it from a shell: [bold]export SLURM_CONF={esc(cluster.conf)}[/]")
 

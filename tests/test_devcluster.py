@@ -6,12 +6,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from jupyter_hpcai import slurm
 from jupyter_hpcai.devcluster import SEPARATE, SHARED, DevCluster, check_prerequisites
+from jupyter_hpcai.devcluster.cpu import NodeCPU
 from jupyter_hpcai.devcluster.network import NODE_IFACE
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
@@ -202,8 +204,56 @@ def test_nodes_are_separate_hosts(devcluster: DevCluster, tmp_path: Path) -> Non
     assert routes.split() == [devcluster.network, "dev", NODE_IFACE, "proto", "kernel", "scope", "link", "src", n1], routes
 
 
+# Spins from the wall-clock time $1 to $2 and prints the CPU seconds it got meanwhile.
+SPIN = """
+import sys, time
+start, end = float(sys.argv[1]), float(sys.argv[2])
+time.sleep(max(0.0, start - time.time()))
+used = time.process_time()
+while time.time() < end:
+    pass
+print(time.process_time() - used)
+"""
+
+
+def _cpu_groups(cluster: DevCluster, text: str) -> list[str]:
+    """The cpu cgroups named in /proc/PID/cgroup lines: the v1 cpu controller's, else the unified hierarchy's."""
+    v1 = cluster.cpu.path.parent.name == "cpu"
+    return [path for _, controllers, path in (line.split(":", 2) for line in text.splitlines())
+            if ("cpu" in controllers.split(",") if v1 else controllers == "")]
+
+
+def test_the_nodes_take_the_hosts_cpu_as_one_session(devcluster: DevCluster) -> None:
+    """Every job step runs in the nodes' cpu cgroup, this host's processes do not; eight spinning jobs on the nodes
+    together get about what one spinning process of the host gets (outside the cgroup each would get as much)."""
+    if devcluster.cpu_note:
+        pytest.skip(f"the nodes share this host's CPU as its own processes do: {devcluster.cpu_note}")
+    groups = subprocess.run(["srun", "-N2", "--ntasks-per-node=1", "cat", "/proc/self/cgroup"], capture_output=True,
+                            text=True, timeout=60, check=True).stdout
+    assert _cpu_groups(devcluster, groups) == [f"/{devcluster.cpu.name}"] * 2, groups
+    assert _cpu_groups(devcluster, Path("/proc/self/cgroup").read_text()) == ["/"]
+
+    start = time.time() + 8  # time for srun to start the eight jobs
+    window = [str(start), str(start + 3)]
+    jobs = [subprocess.Popen(["srun", "-N1", "-w", f"n{1 + i % 2}", sys.executable, "-c", SPIN, *window],
+                             stdout=subprocess.PIPE, text=True) for i in range(8)]  # each job a session of its own
+    host = subprocess.run([sys.executable, "-c", SPIN, *window], capture_output=True, text=True, timeout=60, check=True)
+    job_cpu = [float(job.communicate(timeout=60)[0]) for job in jobs]
+    ratio = float(host.stdout) / (sum(job_cpu) / len(job_cpu))
+    print(f"CPU seconds in a 3 s window: the host's spinner {float(host.stdout):.2f}, each of 8 jobs "
+          f"{sum(job_cpu) / len(job_cpu):.2f} on average: {ratio:.1f} times as much")
+    assert ratio > 3, job_cpu  # outside the cgroup: about 1
+
+
+def test_without_a_cgroup_the_cpu_says_why(tmp_path: Path) -> None:
+    """Where no cgroup can be made (here: no cgroup filesystem at all), up says why and down is harmless."""
+    cpu = NodeCPU("hpcai-devcluster-test", root=tmp_path / "no-cgroupfs")
+    assert cpu.up() == f"could not make the cgroup {cpu.path}: No such file or directory"
+    cpu.down()
+
+
 def _leftovers(cluster: DevCluster) -> list[str]:
-    """Namespaces, links and hosts lines of ``cluster``'s network that exist now."""
+    """Namespaces, links, hosts lines of ``cluster``'s network and its cpu cgroup that exist now."""
     spaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, timeout=30).stdout
     found = [line for line in spaces.splitlines() if line.startswith(cluster.netns_prefix)]
@@ -211,7 +261,7 @@ def _leftovers(cluster: DevCluster) -> list[str]:
     addresses = {cluster.node_address(n) for n in cluster.node_names}
     found += [line for line in Path("/etc/hosts").read_text().splitlines()
               if str(cluster.state_dir) in line or line.split()[:1] in ([a] for a in addresses)]
-    return found
+    return found + ([str(cluster.cpu.path)] if cluster.cpu.path.exists() else [])
 
 
 # A test run that brings a cluster up, starts a job, and is then killed with SIGKILL.
@@ -240,7 +290,7 @@ def test_down_after_a_killed_run_leaves_no_network_behind(devcluster: DevCluster
         wait_until(lambda: "RUNNING" in subprocess.run(["squeue", "-h", "-o", "%T"], env=cluster.environ(),
                                                        capture_output=True, text=True, timeout=30).stdout,
                    timeout=60, what="the killed run's job to run")
-        assert len(_leftovers(cluster)) >= 2 + 3 + 4  # namespaces; bridge and veths; hosts block (2 lines + 2 marks)
+        assert len(_leftovers(cluster)) >= 2 + 3 + 4 + 1  # namespaces; bridge, veths; hosts block (2 lines, 2 marks); cgroup
     finally:
         run.kill()
         run.wait(timeout=30)

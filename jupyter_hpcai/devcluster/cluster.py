@@ -2,7 +2,8 @@
 
 Each node is its own network host (network.py): its slurmd, and so every job step on it, runs in the
 node's namespace with the node's address and hostname; slurmctld (and the hub) stay on the host, the
-login node. Every file (config, spool, state, pid files, logs, fake GPU devices) lives under one state
+login node. The nodes' processes share a cpu cgroup (cpu.py), so that they take no more of the login
+node's CPU than one busy session of it, as if they ran on machines of their own. Every file (config, spool, state, pid files, logs, fake GPU devices) lives under one state
 directory, shared by all; every daemon is stopped by the PID in its pid file.
 """
 
@@ -24,6 +25,7 @@ from .. import paths, slurm
 from ..errors import HPCAIError
 from ..proc import run, start_daemon, wait_until
 from ..network import LOOPBACK
+from .cpu import NodeCPU
 from .network import Network
 
 INSTALL_HINT = "apt-get install -y slurm-wlm munge openmpi-bin libopenmpi-dev"
@@ -89,7 +91,8 @@ class DevCluster:
     slurmctld listens on ``port`` and node i's slurmd on ``port + i``, so clusters with
     different state directories and ports can run side by side. With ``separate_hosts`` each
     node gets its own network namespace and an address of ``network`` on the bridge ``bridge``;
-    ``mode`` says what ``up`` could make (``note`` why, when it fell back to one shared address).
+    ``mode`` says what ``up`` could make (``note`` why, when it fell back to one shared address);
+    ``cpu_note`` says why the nodes share the host's CPU as its own processes do, when they do.
     """
 
     state_dir: Path = field(default_factory=paths.devcluster_dir)
@@ -103,6 +106,7 @@ class DevCluster:
     netns_prefix: str = "hpcai-"
     mode: str = field(default="", compare=False)
     note: str = field(default="", compare=False)
+    cpu_note: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).absolute()
@@ -134,6 +138,10 @@ class DevCluster:
     @property
     def net(self) -> Network:
         return Network(self.state_dir, tuple(self.node_names), self.network, self.bridge, self.netns_prefix)
+
+    @property
+    def cpu(self) -> NodeCPU:
+        return NodeCPU(f"hpcai-devcluster-{self.port}")
 
     @property
     def login_address(self) -> str:
@@ -180,11 +188,12 @@ class DevCluster:
                     f" {saved.mode}) is running in {self.state_dir}",
                     f"stop it first: hpcai devcluster down --state-dir {self.state_dir}",
                 )
-            self.mode, self.note = saved.mode, saved.note
+            self.mode, self.note, self.cpu_note = saved.mode, saved.note, saved.cpu_note
         else:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             self.note = self.net.up() if self.separate_hosts else "asked for one shared address (--single-host)"
             self.mode = SHARED if self.note else SEPARATE
+            self.cpu_note = self.cpu.up()
             self._write_files()
         env = self.environ()
         munged, ctld, *slurmds = self.daemons()
@@ -203,7 +212,8 @@ class DevCluster:
         for node, daemon in zip(self.node_names, slurmds):
             if not daemon.pid():
                 host = self.net.exec_prefix(node) if self.mode == SEPARATE else []
-                start_daemon([*host, "slurmd", "-N", node], log=log / f"slurmd-{node}.start.log", env=env)
+                cpu = [] if self.cpu_note else self.cpu.exec_prefix()
+                start_daemon([*cpu, *host, "slurmd", "-N", node], log=log / f"slurmd-{node}.start.log", env=env)
         wait_until(
             self._all_nodes_usable, timeout=timeout, what="every dev-cluster node to be idle",
             hint=f"see the logs in {log}",
@@ -225,6 +235,7 @@ class DevCluster:
                 os.kill(pid, signal.SIGKILL)
                 wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout=5, what=f"{daemon.name} to die")
         self.net.down()  # also what a crashed `up` or a killed run left
+        self.cpu.down()
 
     def status(self) -> ClusterStatus:
         """Daemons with their PIDs, and the nodes as Slurm reports them (when slurmctld runs)."""

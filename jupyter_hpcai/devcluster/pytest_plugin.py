@@ -34,4 +34,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for cluster in _used:
         nodes = ", ".join(f"{n} {cluster.node_address(n)}" for n in cluster.node_names)
         note = f" ({cluster.note})" if cluster.note else ""
-        terminalreporter.write_line(f"dev cluster: {cluster.mode}{note}; login node {cluster.login_address}; {nodes}")
+        cpu = f"CPU shared as the host's own ({cluster.cpu_note})" if cluster.cpu_note else f"cgroup {cluster.cpu.path}"
+        terminalreporter.write_line(f"dev cluster: {cluster.mode}{note}; login node {cluster.login_address}; {nodes}; "
+                                    f"nodes' processes: {cpu}")
