@@ -239,15 +239,18 @@ def _user_jobs() -> list[str]:
 
 
 def test_a_start_cut_off_by_a_hub_restart_leaves_no_job_behind(hub: Hub, tmp_path: Path) -> None:
-    """The hub is killed while a server's job waits in the queue; asked again after the restart, the server gets
-    one job: the first one is cancelled, not left to run unseen until its walltime."""
+    """The hub is killed while a server's job waits in the queue: the restarted hub cancels that job as it starts
+    (it does not wait out http_timeout for a server no hub waits for, nor leave the job to run unseen until its
+    walltime); asked again, the server gets one job."""
     with _every_gpu_held(tmp_path):
         hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)"})
         first = wait_until(lambda: _user_jobs() or None, timeout=60, what="the server's job")[0]
         hub.kill()
         hub.start()
+        wait_until(lambda: first not in _user_jobs() or None, timeout=60, what=f"the restarted hub to cancel {first}")
+        assert "was starting; cancelling it" in hub.log.read_text(), hub.log.read_text()[-3000:]
         wait_until(lambda: hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)"})[0]
-                   in (201, 202) or None, timeout=180, what="the hub to take the request again")
+                   in (201, 202) or None, timeout=60, what="the hub to take the request again")
         wait_until(lambda: (jobs := _user_jobs()) and first not in jobs and len(jobs) == 1 or None, timeout=60,
                    what=f"one job for the server, not {first}")
     hub.wait_ready()

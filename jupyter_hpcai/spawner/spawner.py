@@ -97,6 +97,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     _rejected: tuple[dict[str, str], dict[str, str]] | None = None
     _options: SpawnOptions | None = None
     _profile: Profile | None = None
+    _cut_off = False  # loaded from a state a start saved before it finished: that hub stopped mid-start
 
     @default("options_form")
     def _default_options_form(self) -> Any:
@@ -204,7 +205,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
 
     # -- the job's life --------------------------------------------------------------------
     async def start(self) -> tuple[str, int]:
-        self.ip, self.port = self.bind_ip, 0
+        self.ip, self.port, self._cut_off = self.bind_ip, 0, False
         self.check_account()
         try:
             self._options, self._profile = self._validate(self.user_options or {})
@@ -236,11 +237,28 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         return self.ip, self.port
 
     def _remember_job(self) -> None:
-        """Save the job id now, not once the server is up: a hub restarted while this start waits finds the job
-        in the state, and its check of the server (not up) stops it, instead of leaving it to run unseen."""
+        """Save the job id now, marked as starting, not once the server is up: a hub restarted while this start
+        waits finds the job, and cancels it (poll), instead of leaving it to run unseen. JupyterHub saves the
+        state again once the start has finished, without the mark."""
         if self.orm_spawner is not None and self.db is not None:
-            self.orm_spawner.state = self.get_state()
+            self.orm_spawner.state = {**self.get_state(), "starting": True}
             self.db.commit()
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        self._cut_off = bool(state.get("starting"))
+
+    async def poll(self) -> int | None:
+        """batchspawner's poll, but a job whose start a hub restart cut off is cancelled at once: no hub waits for
+        its server (this one would only give up on it after http_timeout), and its user may ask again now."""
+        if self._cut_off and not self._spawn_pending:
+            self._cut_off = False
+            self.log.warning("%s: the hub stopped while job %s was starting; cancelling it so that the user can "
+                             "start again", self._log_name, self.job_id)
+            await self.cancel_batch_job()
+            self.clear_state()
+            return 1
+        return await super().poll()
 
     async def _wait_until_listening(self) -> None:
         """Wait until the server takes connections on the port it reported (it reports before it listens). One
@@ -337,10 +355,10 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         """Spawn-page events: job id, state, the scheduler's pending reason and expected start."""
         last = ""
         while True:
-            ahead = jobstate.SUBMITS.place(self)
-            if not self.job_id and ahead:
-                message, pct = (f"Waiting to submit: {ahead} request(s) before yours (the hub submits "
-                                f"{self.max_concurrent_submits} at a time)"), 2
+            place = jobstate.SUBMITS.place(self)
+            if not self.job_id and place:
+                message, pct = (f"Waiting to submit: number {place} in the hub's queue (it submits "
+                                f"{self.max_concurrent_submits} requests at a time)"), 2
             elif not self.job_id:
                 message, pct = "Checking the request with the scheduler and submitting the job...", 5
             else:
