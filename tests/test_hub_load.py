@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import subprocess
 import threading
@@ -14,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.error import HTTPError
+from urllib.request import Request, urlopen
 
 import pytest
 
@@ -105,6 +108,34 @@ def _rss_mib(pid: int) -> float:
     return int(found.group(1)) / 1024 if found else 0.0
 
 
+def _cpu_seconds(pid: int) -> tuple[float, float]:
+    """The main thread's (the event loop's) seconds on a CPU and waiting for one, from /proc/PID/schedstat."""
+    on_cpu, waiting, _ = Path(f"/proc/{pid}/schedstat").read_text().split()
+    return int(on_cpu) / 1e9, int(waiting) / 1e9
+
+
+QUEUE_PLACE = re.compile(r"Waiting to submit: number (\d+) in the hub's queue")
+
+
+def _spawn_page(hub, user: str, done: threading.Event) -> list[str]:  # type: ignore[no-untyped-def]
+    """What ``user``'s spawn page shows: the messages of the hub's progress stream, read as the page reads it
+    (again after a hub restart), until the server is ready or failed, or ``done``."""
+    messages: list[str] = []
+    request = Request(f"{hub.url}/hub/api/users/{user}/server/progress",
+                      headers={"Authorization": f"token {hub.token}", "Accept": "text/event-stream"})
+    while not done.is_set():
+        with contextlib.suppress(HTTPError, OSError):  # not starting yet (404, 400), or the hub restarting
+            with urlopen(request, timeout=60) as stream:
+                for line in stream:
+                    if line.startswith(b"data:"):
+                        event = json.loads(line[5:])
+                        messages.append(event.get("message", ""))
+                        if event.get("ready") or event.get("failed"):
+                            return messages
+        done.wait(0.5)
+    return messages
+
+
 def _servers(hub) -> dict[str, dict]:  # type: ignore[no-untyped-def,type-arg]
     status, users = hub.api("GET", "/users?state=active&limit=200")
     assert status == 200, users
@@ -121,11 +152,20 @@ class Storm:
     rpcs: int  # slurmctld's job-state queries meanwhile
     latencies: list[float]  # an unrelated API request, every 0.2 s during the storm
     hub_mib: float
+    hub_cpu: tuple[float, float]  # the hub's event loop meanwhile: seconds on a CPU, seconds waiting for one
+    pages: dict[str, list[str]]  # each user's spawn-page messages
     asked_again: int = 0  # servers that were starting when the hub restarted, and went: asked for again
 
     @property
     def per_minute(self) -> float:
         return self.rpcs / self.seconds * 60
+
+    @property
+    def queue_places(self) -> dict[str, int]:
+        """The highest place in the submission queue each user's page showed, for those whose page showed one."""
+        places = {u: [int(m.group(1)) for line in lines if (m := QUEUE_PLACE.match(line))]
+                  for u, lines in self.pages.items()}
+        return {u: max(p) for u, p in places.items() if p}
 
     def percentile(self, share: float) -> float:
         ordered = sorted(self.latencies)
@@ -151,9 +191,11 @@ def _storm(hub, users: tuple[str, ...], mid_storm: MidStorm | None = None) -> tu
                     latencies.append(time.monotonic() - started)
             done.wait(0.2)
 
-    before, started = _job_info_rpcs(), time.monotonic()
+    before, started, hub_before = _job_info_rpcs(), time.monotonic(), {hub.proc.pid: _cpu_seconds(hub.proc.pid)}
     prober = threading.Thread(target=probe, daemon=True)
     prober.start()
+    pages_pool = ThreadPoolExecutor(len(users))  # every user watches the spawn page
+    pages = {u: pages_pool.submit(_spawn_page, hub, u, done) for u in users}
     pool = ThreadPoolExecutor(len(users))  # the requests go out together; their answers come as the hub gives them
     answers = [pool.submit(lambda u=u: hub.api("POST", f"/users/{u}/server", CPU_JOB)[0]) for u in users]
     lost: set[str] | None = None  # once the mid-storm action ran: the users it meant to lose
@@ -174,16 +216,20 @@ def _storm(hub, users: tuple[str, ...], mid_storm: MidStorm | None = None) -> tu
             assert time.monotonic() - started < 420, f"{len(ready)} of {len(users)} servers ready after 7 min"
             time.sleep(2)
     finally:
+        hub_after = _cpu_seconds(hub.proc.pid)  # a restarted hub: since it started
         done.set()
         prober.join()
         pool.shutdown()
+        pages_pool.shutdown()
+    hub_cpu = tuple(a - b for a, b in zip(hub_after, hub_before.get(hub.proc.pid, (0.0, 0.0))))
     statuses = [a.result() if not a.exception() else str(a.exception()) for a in answers]
     # 201/202; a request the restart cut off has no answer (it was asked again)
     assert all(s in (201, 202) or lost is not None for s in statuses), statuses
     seconds = time.monotonic() - started
     assert hub.proc is not None
     return (Storm(len(users), len(ready), seconds, _job_info_rpcs() - before, latencies, _rss_mib(hub.proc.pid),
-                  len(asked_again)), lost or set())
+                  hub_cpu, {u: page.result() for u, page in pages.items()}, len(asked_again)),  # type: ignore[arg-type]
+            lost or set())
 
 
 def _stop_all(hub, users: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
@@ -242,6 +288,10 @@ def test_forty_users_at_once(devcluster, tmp_path: Path, bench: list[str]) -> No
                 assert sorted(owners) == sorted(u for u in USERS if u != victim), owners
             else:
                 assert storm.ready == len(USERS)
+                assert all(page and page[-1].startswith("Server ready") for page in storm.pages.values()), storm.pages
+                # 40 at once, 8 submitted at a time: the others' pages say where they wait, then move on
+                assert storm.queue_places and all(page[-1].startswith("Server ready") for user, page in
+                                                  storm.pages.items() if user in storm.queue_places), storm.pages
             _stop_all(hub, USERS)
         finally:
             hub.stop(proxy=True)
@@ -252,8 +302,12 @@ def test_forty_users_at_once(devcluster, tmp_path: Path, bench: list[str]) -> No
                  f"shared query / one per spawner = {shared.per_minute / alone.per_minute:.3f} (target <= 0.1; "
                  f"{shared.per_minute:.0f} vs {alone.per_minute:.0f} a minute, slurmctld's sdiag)")
     for mode, storm in storms.items():
+        places = storm.queue_places
         bench.append(f"hub under load ({mode}): {storm.ready}/{storm.asked} ready, first request to last ready "
                      f"{storm.seconds:.0f} s, unrelated API request p50 {storm.percentile(0.5) * 1000:.0f} ms / p99 "
-                     f"{storm.percentile(0.99) * 1000:.0f} ms (target < 1 s), hub memory {storm.hub_mib:.0f} MiB"
-                 + (f", {storm.asked_again} starting servers lost at the hub restart and asked again"
+                     f"{storm.percentile(0.99) * 1000:.0f} ms (target < 1 s), hub memory {storm.hub_mib:.0f} MiB, "
+                     f"its event loop {storm.hub_cpu[0]:.1f} s on a CPU and {storm.hub_cpu[1]:.1f} s waiting for one; "
+                     f"{len(places)} spawn pages showed their place in the submission queue (up to number "
+                     f"{max(places.values(), default=0)})"
+                 + (f"; {storm.asked_again} starting servers lost at the hub restart and asked again"
                     if mode == "shared" else ""))
