@@ -246,9 +246,16 @@ def test_the_nodes_take_the_hosts_cpu_as_one_session(devcluster: DevCluster) -> 
 
 
 def test_without_a_cgroup_the_cpu_says_why(tmp_path: Path) -> None:
-    """Where no cgroup can be made (here: no cgroup filesystem at all), up says why and down is harmless."""
-    cpu = NodeCPU("hpcai-devcluster-test", root=tmp_path / "no-cgroupfs")
-    assert cpu.up() == f"could not make the cgroup {cpu.path}: No such file or directory"
+    """Where no cgroup can be made, up says why (and makes nothing), and down is harmless."""
+    plain = tmp_path / "not-a-cgroupfs"  # a plain folder, as /sys/fs/cgroup is (a tmpfs) without a cpu hierarchy
+    plain.mkdir()
+    cpu = NodeCPU("hpcai-devcluster-test", root=plain)
+    assert cpu.up() == f"no cgroup cpu controller under {plain}" and not cpu.path.exists()
+    (plain / "cgroup.controllers").write_text("cpu io memory\n")  # a controller, but the cgroup cannot be made
+    (plain / "cgroup.subtree_control").write_text("cpu\n")
+    cpu.path.write_text("")
+    assert cpu.up() == f"could not make the cgroup {cpu.path}: File exists"
+    cpu.path.unlink()
     cpu.down()
 
 

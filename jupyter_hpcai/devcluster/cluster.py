@@ -3,8 +3,9 @@
 Each node is its own network host (network.py): its slurmd, and so every job step on it, runs in the
 node's namespace with the node's address and hostname; slurmctld (and the hub) stay on the host, the
 login node. The nodes' processes share a cpu cgroup (cpu.py), so that they take no more of the login
-node's CPU than one busy session of it, as if they ran on machines of their own. Every file (config, spool, state, pid files, logs, fake GPU devices) lives under one state
-directory, shared by all; every daemon is stopped by the PID in its pid file.
+node's CPU than one busy session of it, as if they ran on machines of their own. Every file (config,
+spool, state, pid files, logs, fake GPU devices) lives under one state directory, shared by all; every
+daemon is stopped by the PID in its pid file.
 """
 
 from __future__ import annotations

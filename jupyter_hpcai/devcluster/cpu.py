@@ -39,9 +39,12 @@ class NodeCPU:
         """Make the cgroup (kept when it exists); '' when done, else why not."""
         if os.geteuid() != 0:
             return "making a cgroup needs root"
+        unified = self.path.parent == self.root
+        if unified and "cpu" not in _words(self.root / "cgroup.controllers"):
+            return f"no cgroup cpu controller under {self.root}"
         try:
-            if self.path.parent == self.root and "cpu" not in _words(self.root / "cgroup.subtree_control"):
-                (self.root / "cgroup.subtree_control").write_text("+cpu")  # v2: let children weigh CPU
+            if unified and "cpu" not in _words(self.root / "cgroup.subtree_control"):
+                (self.root / "cgroup.subtree_control").write_text("+cpu")  # let children weigh CPU
             self.path.mkdir(exist_ok=True)
         except OSError as err:
             return f"could not make the cgroup {self.path}: {err.strerror}"
