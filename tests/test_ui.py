@@ -35,6 +35,11 @@ def test_rest_handlers_outside_a_job(tmp_path: Path) -> None:
         assert status == 404 and body["error"] == "no engine set 'hpcai-1-2-3' in this job", body
         anonymous = Server(server.url, "wrong-token", server.log)
         assert anonymous.request("GET", "/hpcai/api/allocation")[0] == 403
+        # no prompt to fetch Jupyter's news (JupyterLab asks while fetchNews is "none"), no update check
+        status, body = server.request("GET", "/lab/api/settings/@jupyterlab/apputils-extension:notification")
+        assert status == 200 and body["settings"] == {}, body  # a default of the install, not a user's setting
+        defaults = {k: body["schema"]["properties"][k]["default"] for k in ("fetchNews", "checkForUpdates")}
+        assert defaults == {"fetchNews": "false", "checkForUpdates": False}, defaults
 
 
 @pytest.mark.slurm
