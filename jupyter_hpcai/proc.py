@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -87,6 +88,16 @@ def wait_until(
         if time.monotonic() >= deadline:
             raise HPCAIError(f"timed out after {timeout:g} s waiting for {what}", hint)
         time.sleep(interval)
+
+
+def kill_all(pids: Callable[[], list[int]], *, timeout: float, what: str) -> None:
+    """SIGKILL every process ``pids()`` names and wait until it names none (``what``: where they run)."""
+    for pid in pids():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    wait_until(lambda: not pids(), timeout=timeout, what=f"the processes in {what} to end")
 
 
 def run_logged(

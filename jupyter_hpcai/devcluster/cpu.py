@@ -13,11 +13,10 @@ Where no cgroup can be made (a read-only cgroupfs, no cpu controller), the nodes
 from __future__ import annotations
 
 import os
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..proc import wait_until
+from ..proc import kill_all
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -62,12 +61,7 @@ class NodeCPU:
         """Remove the cgroup; processes still in it (what the nodes left) are killed first. Harmless when absent."""
         if not self.path.is_dir():
             return
-        for pid in self.pids():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        wait_until(lambda: not self.pids() or None, timeout=10, what=f"the processes in {self.path} to end")
+        kill_all(self.pids, timeout=10, what=str(self.path))
         self.path.rmdir()
 
 

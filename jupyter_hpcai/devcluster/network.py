@@ -17,13 +17,12 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import HPCAIError
-from ..proc import run, wait_until
+from ..proc import kill_all, run, wait_until
 
 HOSTS_FILE = Path("/etc/hosts")
 NODE_IFACE = "hpc0"  # the interface name inside every node namespace (one name on all nodes, as on a site)
@@ -197,15 +196,8 @@ def _namespaces() -> list[str]:
 def _kill_processes_in(ns: str) -> None:
     """SIGKILL whatever still runs in namespace ``ns`` (daemons are stopped before; this is what a killed run
     left: job steps, servers), and wait until it is gone."""
-    def pids() -> list[int]:
-        return [int(p) for p in _ip("netns", "pids", ns, check=False).stdout.split() if p.isdigit()]
-
-    for pid in pids():
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    wait_until(lambda: not pids(), timeout=15, what=f"the processes in namespace {ns} to end")
+    kill_all(lambda: [int(p) for p in _ip("netns", "pids", ns, check=False).stdout.split() if p.isdigit()],
+             timeout=15, what=f"namespace {ns}")
 
 
 def _write_hosts_block(marker: str, entries: list[tuple[str, str]]) -> None:
