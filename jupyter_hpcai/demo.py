@@ -4,13 +4,11 @@ the whole path headless (spawn a 2-node server, run %%horovod_run training on 4 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import pwd
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import kernelspec, paths, slurm
+from .asuser import as_user
 from .devcluster import DevCluster
 from .envs import Builder, EnvStore, load_recipe, open_env
 from .errors import HPCAIError
@@ -208,30 +207,62 @@ def prepare(say: Say) -> HubProcess:
     return hub
 
 
+# copy_examples' program, run as the user in their home: every read and write there is the user's own, a link is
+# never followed (a notebook at a link counts as changed; a link at the record is replaced), each file is replaced
+# whole (a temporary file, then os.replace); one JSON line per example: {"name", "copied"}.
+_COPY_EXAMPLES = r"""
+import hashlib, json, os, stat, sys, uuid
+
+def read(name):
+    # name's bytes when it is a regular file, None when absent; OSError for anything else (a link, a folder)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{name} is not a regular file")
+        return f.read()
+
+def replace(name, blob):
+    tmp = f".{name}.{uuid.uuid4().hex}.tmp"
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666), "wb") as out:
+        out.write(blob)
+    os.replace(tmp, name)
+
+data = json.load(sys.stdin)
+os.chdir(data["home"])
+try:
+    copied = json.loads(read(data["record"]) or "{}")
+except (OSError, ValueError):
+    copied = {}
+copied = copied if isinstance(copied, dict) else {}
+for name, text in data["examples"].items():
+    blob = text.encode()
+    try:
+        have = read(name)
+        kept = have is not None and hashlib.sha256(have).hexdigest() != copied.get(name)
+    except OSError:
+        kept = True
+    if not kept:
+        replace(name, blob)
+        copied[name] = hashlib.sha256(blob).hexdigest()
+    print(json.dumps({"name": name, "copied": not kept}))
+replace(data["record"], json.dumps(copied).encode())
+"""
+
+
 def copy_examples(user: str) -> list[str]:
     """Put examples/*.ipynb into ``user``'s home, refreshed on each run, never over a copy the user changed
-    (the hashes of what was copied are kept beside them); what was done, one line each."""
-    entry = pwd.getpwnam(user)
-    home = Path(entry.pw_dir)
-    record = home / ".hpcai-examples.json"
-    try:
-        copied = json.loads(record.read_text())
-    except (OSError, ValueError):
-        copied = {}
-    said = []
-    for example in sorted((REPO / "examples").glob("*.ipynb")):
-        dest = home / example.name
-        if dest.is_symlink() or (dest.exists() and hashlib.sha256(dest.read_bytes()).hexdigest()
-                                  != copied.get(example.name)):
-            said.append(f"kept {dest}: changed since it was copied (delete it to get the current example)")
-            continue
-        shutil.copyfile(example, dest)
-        os.chown(dest, entry.pw_uid, entry.pw_gid)
-        copied[example.name] = hashlib.sha256(dest.read_bytes()).hexdigest()
-        said.append(f"example notebook: {dest}")
-    record.write_text(json.dumps(copied))
-    os.chown(record, entry.pw_uid, entry.pw_gid)
-    return said
+    (the hashes of what was copied are kept beside them); what was done, one line each. Root only reads the
+    examples: the home is read and written as the user (_COPY_EXAMPLES), so their files are already theirs."""
+    home = Path(pwd.getpwnam(user).pw_dir)
+    examples = {p.name: p.read_text(encoding="utf-8") for p in sorted((REPO / "examples").glob("*.ipynb"))}
+    replies = as_user(user, _COPY_EXAMPLES, {"home": str(home), "record": ".hpcai-examples.json",
+                                             "examples": examples}, hint=f"{home} must be a folder {user} can write")
+    return [f"example notebook: {home / r['name']}" if r["copied"] else
+            f"kept {home / r['name']}: changed since it was copied (delete it to get the current example)"
+            for r in replies if r["name"] in examples]  # only the names sent: the user's process may be tampered with
 
 
 def _secret(state: Path, name: str) -> str:

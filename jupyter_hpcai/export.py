@@ -13,6 +13,8 @@ cells whose values they ``--push``, as an sbatch script and a Python script that
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import shlex
 import sys
 import time
@@ -114,6 +116,12 @@ class JobSpec:
         for label, value in (("--partition", self.partition), ("--account", self.account)):
             if value and not value.replace("-", "").replace("_", "").replace(".", "").isalnum():
                 raise HPCAIError(f"{label} {value!r} is not a Slurm name", "letters, digits, '-', '_' and '.' only")
+        _one_line("the notebook's name", self.notebook.name,
+                  "rename the notebook: no newline, tab or other control character")
+        _one_line("--cells", self.chosen, "tag the cells with a name of printable characters")
+        _one_line("--time", self.time, "use HH:MM:SS, MM:SS or D-HH:MM:SS")
+        _one_line("the env", f"{self.env.name} {self.env.build} {self.env.root}",
+                  "export in an env whose name and folder have printable characters only")
 
     @property
     def framework(self) -> str:
@@ -135,6 +143,14 @@ class JobSpec:
         """Where the sbatch script and the Python script go (beside the notebook by default)."""
         folder = folder or self.notebook.parent
         return folder / f"{self.stem}.sbatch", folder / f"{self.stem}_job.py"
+
+
+def _one_line(label: str, value: str, hint: str) -> None:
+    """Refuse a value for the job script's header with a control character in it (a newline would start a
+    line, a command, of its own)."""
+    if not all(c.isprintable() for c in value):
+        raise HPCAIError(f"{label} {value!r} has a control character (or another unprintable one) in it, which the "
+                         "job script's header cannot hold", hint)
 
 
 def read_cells(notebook: Path, chosen: str = ALL) -> list[Cell]:
@@ -186,8 +202,9 @@ def job_script(spec: JobSpec, python_script: Path, python: str | None = None) ->
              f"#SBATCH --time={spec.time}"]
     lines += [f"#SBATCH --partition={spec.partition}"] if spec.partition else []
     lines += [f"#SBATCH --account={spec.account}"] if spec.account else []
-    if any(c.isspace() for c in str(python_script.parent)):
-        raise HPCAIError(f"{python_script.parent} has a space in it, which an #SBATCH line cannot hold",
+    if any(c.isspace() or not c.isprintable() for c in str(python_script.parent)):
+        raise HPCAIError(f"{str(python_script.parent)!r} has a space or a control character in it, which an "
+                         "#SBATCH line cannot hold",
                          "write the scripts elsewhere: --out-dir DIR (or %hpc export --out-dir DIR)")
     lines += [f"#SBATCH --output={python_script.parent}/{spec.stem}-%j.out",
               f"# Exported by hpcai from {spec.notebook.name} (cells: {spec.chosen}) on {spec.exported}: its "
@@ -243,10 +260,25 @@ def _literal(code: str) -> str:
 def write(spec: JobSpec, folder: Path | None = None) -> tuple[Path, Path]:
     """Write both scripts (the sbatch script executable); their paths."""
     sbatch, script = spec.paths(folder)
-    script.write_text(python_script(spec))
-    sbatch.write_text(job_script(spec, script))
-    sbatch.chmod(0o755)
+    _replace(script, python_script(spec))
+    _replace(sbatch, job_script(spec, script), 0o755)
     return sbatch, script
+
+
+def _replace(path: Path, text: str, mode: int | None = None) -> None:
+    """Write ``path`` whole through a new file beside it, then os.replace: a link at ``path`` is replaced, never
+    followed. The file's mode: ``mode``, else what the umask leaves of 0666."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            if mode is not None:
+                os.fchmod(out.fileno(), mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def spec_for(notebook: Path, chosen: str = ALL, env: str | None = None, **layout: Any) -> JobSpec:

@@ -126,8 +126,9 @@ def _ptrace_hint() -> str:
         return "the ranks may run under another tracer (udocker's P1 mode); use a container mode F or R"
     if scope == 0:
         return "the ranks may run under another tracer (udocker's P1 mode); use a container mode F or R"
-    return (f"kernel.yama.ptrace_scope is {scope} on this node: ask the admins for 0 (sysctl kernel.yama.ptrace_scope=0),"
-            " or for CAP_SYS_PTRACE on py-spy")
+    # never a capability for py-spy: with CAP_SYS_PTRACE every user could read every process, the hub's included
+    return (f"kernel.yama.ptrace_scope is {scope} on this node, and py-spy reads a rank (not a child of its own) only "
+            "where it is 0: ask the admins for 0 (sysctl -w kernel.yama.ptrace_scope=0, kept in /etc/sysctl.d/)")
 
 
 def dump(pid: int, native: bool = False, timeout: float = 30) -> tuple[Frame, ...] | str:

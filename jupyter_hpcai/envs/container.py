@@ -53,7 +53,7 @@ SLURM_CLIENT = ("srun", "scontrol", "squeue", "sinfo", "scancel", "sbatch")
 SLURM_LIBS = ("/usr/lib64/slurm", "/usr/lib/slurm", "/usr/lib/x86_64-linux-gnu/slurm-wlm", "/usr/lib/x86_64-linux-gnu/slurm")
 SLURM_CONF_DIRS = ("/etc/slurm", "/etc/slurm-llnl")
 MUNGE_SOCKET = "/run/munge/munge.socket.2"
-# Variables a container never sees (HPCAI_CONTAINER_ENV_DENY replaces them): the hub's token and anything alike.
+# Variables a container never sees, whatever the site adds in HPCAI_CONTAINER_ENV_DENY: the hub's token and alike.
 SECRET_VARIABLES = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*_KEY")
 SYSTEM_LIBS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
                "/lib64", "/usr/lib64")
@@ -212,14 +212,14 @@ class ContainerEnv(BuiltEnv):
 KINDS[ContainerManifest] = ContainerEnv
 
 
-def without_secrets(environ: dict[str, str], patterns: Sequence[str] | None = None) -> dict[str, str]:
-    """``environ`` less every variable whose name matches a deny pattern (shell-style, any case): the
-    comma-separated ``HPCAI_CONTAINER_ENV_DENY``, else SECRET_VARIABLES. The kernel needs none of them: it
-    connects through its connection file."""
-    if patterns is None:
-        denied = environ.get("HPCAI_CONTAINER_ENV_DENY")
-        patterns = [p for p in denied.split(",") if p] if denied is not None else SECRET_VARIABLES
-    return {k: v for k, v in environ.items() if not any(fnmatch.fnmatchcase(k.upper(), p.upper()) for p in patterns)}
+def without_secrets(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` less every variable whose name matches a deny pattern (shell-style, any case): SECRET_VARIABLES
+    (JUPYTERHUB_API_TOKEN, JPY_API_TOKEN, anything named like a token...), always, and the site's own in the
+    comma-separated ``HPCAI_CONTAINER_ENV_DENY``, which add to them. The kernel needs none of them: it connects
+    through its connection file."""
+    site = environ.get("HPCAI_CONTAINER_ENV_DENY", "").split(",")
+    patterns = [p.strip().upper() for p in (*SECRET_VARIABLES, *site) if p.strip()]
+    return {k: v for k, v in environ.items() if not any(fnmatch.fnmatchcase(k.upper(), p) for p in patterns)}
 
 
 def slurm_paths(environ: dict[str, str] | None = None) -> list[str]:
