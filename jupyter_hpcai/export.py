@@ -305,7 +305,7 @@ def job_layout(allocation: Allocation | None, layout: Layout | None) -> dict[str
     per_node = layout.per_node if layout else ((allocation.gpus_per_node or None) if allocation else None)
     return {"nodes": nodes, "gpus_per_node": per_node,
             "time": info.get("TimeLimit") if info.get("TimeLimit", "UNLIMITED") != "UNLIMITED" else None,
-            "partition": info.get("Partition"), "account": info.get("Account") if info.get("Account") != "(null)" else None}
+            "partition": info.get("Partition"), "account": info.get("Account") or None}
 
 
 def output_file(spec: JobSpec, job_id: int, folder: Path | None = None) -> Path:

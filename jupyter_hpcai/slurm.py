@@ -84,19 +84,42 @@ def sbatch(args: list[str], env: Mapping[str, str] | None = None, timeout: float
     return int(out.split(";")[0])
 
 
-def parse_key_values(line: str) -> dict[str, str]:
-    """Parse scontrol's one-line ``Key=Value Key=Value`` output."""
-    return dict(m.groups() for m in re.finditer(r"(\w+(?::\w+)?)=(\S*)", line))
+# A job's record from squeue's fixed fields, under scontrol's names. None of them is text the job's owner can
+# write (Comment, JobName, WorkDir are never asked for), and the one free-form path (StdOut, the hub's own
+# template) comes last, so no value can add a field or move another: nothing a user sets steers the hub.
+JOB_FIELDS = (("JobId", "JobID"), ("JobState", "State"), ("Partition", "Partition"), ("TimeLimit", "TimeLimit"),
+              ("StartTime", "StartTime"), ("EndTime", "EndTime"), ("NodeList", "NodeList"),
+              ("BatchHost", "BatchHost"), ("Reason", "Reason"), ("ExitCode", "exit_code"), ("UserName", "UserName"),
+              ("Account", "Account"), ("StdOut", "STDOUT"))
+_NONE = ("N/A", "n/a", "(null)", "Unknown", "NONE")
+
+
+def parse_job_line(line: str) -> dict[str, str]:
+    """One line of ``squeue --Format`` with JOB_FIELDS, each ending in ``|`` (StdOut last, taken whole)."""
+    values = line.removesuffix("|").split("|", len(JOB_FIELDS) - 1)
+    if len(values) != len(JOB_FIELDS):
+        raise HPCAIError(f"squeue printed a line that is not a job record: {line[:200]!r}", "check the Slurm client")
+    info = {key: "" if value.strip() in _NONE else value.strip() for (key, _), value in zip(JOB_FIELDS, values)}
+    info["StdOut"] = info["StdOut"].replace("%j", info["JobId"]).replace("%u", info["UserName"])
+    if (limit := parse_duration(info["TimeLimit"])) is not None:  # as scontrol writes it: 01:00:00, 1-00:00:00
+        info["TimeLimit"] = format_duration(limit)
+    if info["ExitCode"].isdigit():  # squeue's is the raw wait status: as scontrol's "exit:signal"
+        status = int(info["ExitCode"])
+        info["ExitCode"] = f"{status >> 8}:{status & 0x7F}"
+    return info
 
 
 def job_info(job_id: int | str, env: Mapping[str, str] | None = None) -> dict[str, str] | None:
-    """scontrol's record of a job, or None once Slurm has forgotten it."""
-    done = run(["scontrol", "--oneliner", "show", "job", str(job_id)], env=env, check=False, timeout=30)
+    """Slurm's record of a job (JOB_FIELDS), or None once Slurm has forgotten it."""
+    fmt = ",".join(f"{field}:|" for _, field in JOB_FIELDS)  # with a suffix and no width: never cut to 20
+    argv = ["squeue", "--noheader", "--states=all", f"--jobs={int(job_id)}", f"--Format={fmt}"]
+    done = run(argv, env=env, check=False, timeout=30)
     if done.returncode != 0:
         if "Invalid job id" in done.stderr:
             return None
-        run(["scontrol", "--oneliner", "show", "job", str(job_id)], env=env, timeout=30)  # raises with the message
-    return parse_key_values(done.stdout)
+        run(argv, env=env, timeout=30)  # raises with the message
+    line = next((ln for ln in done.stdout.splitlines() if ln.strip()), None)
+    return parse_job_line(line.rstrip("\n")) if line is not None else None
 
 
 def node_address(name: str, env: Mapping[str, str] | None = None) -> str:
@@ -105,9 +128,10 @@ def node_address(name: str, env: Mapping[str, str] | None = None) -> str:
 
 
 def node_addresses(names: list[str], env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Each node's NodeAddr, in one scontrol call (a node without one: its name)."""
-    out = run(["scontrol", "--oneliner", "show", "node", ",".join(names)], env=env, timeout=30).stdout
-    found = {kv.get("NodeName", ""): kv.get("NodeAddr", "") for kv in map(parse_key_values, out.splitlines())}
+    """Each node's NodeAddr, in one sinfo call (a node without one: its name)."""
+    out = run(["sinfo", "--noheader", "--Node", f"--nodes={','.join(names)}", "--format=%N|%o"], env=env,
+              timeout=30).stdout
+    found = dict(line.strip().split("|", 1) for line in out.splitlines() if "|" in line)
     return {name: found.get(name) or name for name in names}
 
 

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-import batchspawner  # noqa: F401  registers the hub's /hub/api/batchspawner handler
+import jupyter_hpcai.spawner  # noqa: F401  registers the hub's API handlers: our /hub/api/batchspawner (a port, nothing else; batchspawner's own is taken out), extend, continue
 
 from jupyter_hpcai.devcluster import DevCluster
 

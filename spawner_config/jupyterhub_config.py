@@ -5,7 +5,7 @@ Run the hub as root (or a user allowed to `sudo -u <user> sbatch`) on a host tha
 
 import sys
 
-import batchspawner  # noqa: F401  registers the hub's /hub/api/batchspawner handler
+import jupyter_hpcai.spawner  # noqa: F401  registers the hub's API handlers: our /hub/api/batchspawner (a port, nothing else; batchspawner's own is taken out), extend, continue
 
 c = get_config()  # noqa: F821
 
@@ -57,6 +57,9 @@ c.HPCSlurmSpawner.walltime_warning = 600
 # when the current job ends (its start timeout covers the wait). Needs named servers; off without them. A
 # named_server_limit_per_user counts stopped servers too: users delete old after-<job> ones from the home page.
 c.JupyterHub.allow_named_servers = True
+# Each user's servers at most (stopped ones count: old after-<job> servers are deleted from the home page); one
+# follow-up per user waits at a time, and every pending start counts against concurrent_spawn_limit.
+c.JupyterHub.named_server_limit_per_user = 5
 # Environments offered in the form: left unset, every env the admins built into the site roots
 # (`hpcai env build RECIPE --site`; HPCAI_ENV_PATH or [envs] site_roots in /etc/jupyter-hpcai/config.toml).
 # c.HPCSlurmSpawner.environments = {"tf-horovod-nccl": "TensorFlow 2.15 + Horovod (NCCL)"}

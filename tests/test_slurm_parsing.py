@@ -2,7 +2,8 @@
 
 import pytest
 
-from jupyter_hpcai.slurm import expand_hostlist, gres_gpus, parse_key_values
+from jupyter_hpcai.errors import HPCAIError
+from jupyter_hpcai.slurm import expand_hostlist, gres_gpus, parse_job_line
 
 
 @pytest.mark.parametrize(
@@ -25,7 +26,15 @@ def test_gres_gpus(gres: str, gpus: int) -> None:
     assert gres_gpus(gres) == gpus
 
 
-def test_parse_key_values() -> None:
-    line = "JobId=7 JobName=x UserId=ana(1001) JobState=PENDING Reason=Resources TresPerNode=gres:gpu:2"
-    info = parse_key_values(line)
-    assert info["JobState"] == "PENDING" and info["Reason"] == "Resources" and info["TresPerNode"] == "gres:gpu:2"
+def test_a_job_record_keeps_its_fields_whatever_its_path_holds() -> None:
+    line = "7|PENDING|debug|1:00:00|N/A|N/A||n/a|Resources|0|ana|(null)|/home/ana/a|Partition=gpu|x%j.log|"
+    info = parse_job_line(line)
+    assert (info["JobState"], info["Partition"], info["TimeLimit"], info["Reason"]) == ("PENDING", "debug", "01:00:00",
+                                                                                        "Resources")
+    assert info["StartTime"] == "" and info["BatchHost"] == "" and info["ExitCode"] == "0:0"
+    assert info["StdOut"] == "/home/ana/a|Partition=gpu|x7.log"
+
+
+def test_a_short_job_record_is_refused() -> None:
+    with pytest.raises(HPCAIError, match="not a job record"):
+        parse_job_line("7|PENDING|debug")

@@ -87,21 +87,25 @@ class Estimates:
         if cached and time.monotonic() - cached[0] < ttl:
             return cached[1]
         if user not in self._pending:
-            self._pending[user] = asyncio.ensure_future(asyncio.to_thread(self._compute, user, prefix, profiles, env))
+            self._pending[user] = asyncio.ensure_future(self._compute(user, prefix, profiles, env))
         try:
             return await asyncio.wait_for(asyncio.shield(self._pending[user]), wait)
         except asyncio.TimeoutError:
             return cached[1] if cached else {}
 
-    def _compute(self, user: str, prefix: Sequence[str], profiles: Sequence[Profile],
-                 env: Mapping[str, str]) -> dict[str, Estimate]:
+    async def _compute(self, user: str, prefix: Sequence[str], profiles: Sequence[Profile],
+                       env: Mapping[str, str]) -> dict[str, Estimate]:
+        loop = asyncio.get_running_loop()
         try:
-            with ThreadPoolExecutor(max_workers=min(8, len(profiles) or 1)) as pool:
-                found = dict(zip((p.name for p in profiles), pool.map(lambda p: estimate(prefix, p, env), profiles)))
+            answers = await asyncio.gather(*(loop.run_in_executor(POOL, estimate, prefix, p, env) for p in profiles))
+            found = dict(zip((p.name for p in profiles), answers))
             self._cache[user] = (time.monotonic(), found)
             return found
         finally:
             self._pending.pop(user, None)
 
 
+# the estimates' own threads: a form storm's sbatch --test-only never holds the default pool, where the hub's
+# job-state query and the spawners' other blocking calls run
+POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hpcai-estimates")
 ESTIMATES = Estimates()

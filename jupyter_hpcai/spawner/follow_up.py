@@ -5,7 +5,8 @@ checkpoints the walltime hooks wrote.
 ``POST /hub/api/hpcai/continue`` with the notebook server's own token (as for extend.py): the hub finds that
 server's spawner and starts the user's server ``after-<job>`` with that spawner's validated options, its start
 timeout long enough to wait in the queue for the rest of the current job. Asked again, it answers with the
-follow-up already queued.
+follow-up already queued. A user has at most one follow-up waiting: each is a pending spawn for hours, and
+pending spawns count against JupyterHub's ``concurrent_spawn_limit`` for everyone.
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ class ContinueHandler(APIHandler):  # type: ignore[misc]
         name = follow_up_name(current.job_id)
         follower = user.spawners[name] if name in user.orm_spawners else None
         if follower is None or not (follower.active or follower.pending):
+            waiting = next((s for n, s in user.spawners.items() if n.startswith("after-") and s.pending == "spawn"), None)
+            if waiting is not None:  # each waits as a pending spawn, which counts against concurrent_spawn_limit
+                self.set_status(409)
+                self.finish(json.dumps({
+                    "error": f"a follow-up job of yours already waits: server {waiting.name} (Slurm job "
+                             f"{waiting.job_id or 'not yet submitted'})",
+                    "hint": "one follow-up per user waits at a time: let it start, or stop it on the hub's home page"}))
+                return
             await self._check_named_server_request(user, name, name)
             follower = user.get_or_create_spawner(name, name, replace_failed=True)
             follower.follows = current.job_id

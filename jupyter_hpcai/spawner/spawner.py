@@ -134,11 +134,12 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             said = {name: e.words(now) for name, e in found.items()}
         return form.render(profiles, await self.current_limits(), environments, values, errors, said)
 
-    def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
-        return self._checked({k: v[0] for k, v in formdata.items() if v}, remember=True)
+    async def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
+        """The form's values, validated (sinfo and the site envs' scan run off the event loop)."""
+        return await asyncio.to_thread(self._checked, {k: v[0] for k, v in formdata.items() if v}, True)
 
-    def options_from_query(self, query: dict[str, list[str]]) -> dict[str, Any]:
-        return self._checked({k: v[0] for k, v in query.items() if v}, remember=True)
+    async def options_from_query(self, query: dict[str, list[str]]) -> dict[str, Any]:
+        return await asyncio.to_thread(self._checked, {k: v[0] for k, v in query.items() if v}, True)
 
     def _checked(self, raw: dict[str, Any], remember: bool = False) -> dict[str, Any]:
         try:
@@ -185,7 +186,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
                                            "log in with your own user account"))
 
     async def _get_batch_script(self, **subvars: Any) -> str:
-        return self.job_script()
+        return await asyncio.to_thread(self.job_script)  # sinfo and the site envs' scan: off the event loop
 
     async def run_command(self, cmd: str, input: str | None = None, env: dict[str, str] | None = None) -> str:
         """batchspawner's commands, run as argument lists: no shell ever sees them. ``env`` is the user's (sbatch
@@ -208,13 +209,13 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         self.ip, self.port, self._cut_off = self.bind_ip, 0, False
         self.check_account()
         try:
-            self._options, self._profile = self._validate(self.user_options or {})
+            self._options, self._profile = await asyncio.to_thread(self._validate, self.user_options or {})
         except OptionsError as err:
             raise _refused(400, err) from None
         async with jobstate.SUBMITS.slot(self, self.max_concurrent_submits):  # a storm never forks hundreds at once
             test = " ".join([self.exec_prefix.format(username=self.user.name), "sbatch --test-only"])
             try:
-                await self.run_command(test, input=self.job_script(), env=self.get_env())
+                await self.run_command(test, input=await asyncio.to_thread(self.job_script), env=self.get_env())
             except RuntimeError as err:
                 raise _refused(400, HPCAIError(
                     f"the scheduler would not run this request: {str(err).removeprefix('sbatch: error: ')}",
@@ -309,8 +310,9 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         if info.get("JobState") != "RUNNING":
             raise HPCAIError(f"job {self.job_id} is not running ({info.get('JobState', 'gone')})",
                              "only a running notebook job can be extended")
-        partition, limit = info.get("Partition", ""), slurm.parse_duration(info.get("TimeLimit", "")) or 0
-        scheduler = self._limits().get(partition)
+        options, _ = await asyncio.to_thread(self._validate, self.user_options or {})
+        partition, limit = options.partition, slurm.parse_duration(info.get("TimeLimit", "")) or 0
+        scheduler = (await self.current_limits()).get(partition)
         wanted = extend.new_limit(self.extend_max_walltime, partition, limit, seconds,
                                   scheduler.max_walltime if scheduler else None)
         await self.run_command(f"scontrol update JobId={int(self.job_id)} TimeLimit={slurm.format_duration(wanted)}")

@@ -1,0 +1,164 @@
+"""What a user's own server can make the root hub do: only report its port, and nothing a user writes into
+Slurm's records steers the hub. Real hub, Slurm and sudo, as alice (the attacker) and bob (her neighbour).
+
+Each attack is recorded (conftest.attack) and fails the test when it is not blocked; every one has a control:
+the same channel used as intended works (the server's port report started it; the real partition's policy is
+applied; bob's job runs on)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import pwd
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import attack
+from hub_helpers import BOB, USER, Hub, ensure_user
+from jupyter_hpcai import allocation, slurm
+from jupyter_hpcai.proc import wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+PROFILE = "1 node, 1 GPU (debug)"  # the demo config extends no debug job; gpu jobs up to 4 h
+FORGED = "x Partition=gpu TimeLimit=4-00:00:00 EndTime=2027-01-01T00:00:00 | JobState=RUNNING|gpu|4-00:00:00|"
+
+
+def _as(user: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--reset-env", "env",
+                           f"SLURM_CONF={os.environ['SLURM_CONF']}", "PATH=/usr/bin:/bin", *argv],
+                          capture_output=True, text=True, timeout=60)
+
+
+def _server_token(job: str) -> str:
+    """The token alice's server holds (JUPYTERHUB_API_TOKEN in its environment, as she can read it)."""
+    uid = pwd.getpwnam(USER).pw_uid
+
+    def found() -> str | None:
+        for proc in Path("/proc").iterdir():
+            try:
+                if not proc.name.isdigit() or proc.stat().st_uid != uid:
+                    continue
+                env = dict(i.split("=", 1) for i in (proc / "environ").read_text(errors="replace").split("\0") if "=" in i)
+            except OSError:
+                continue
+            if env.get("SLURM_JOB_ID") == job and env.get("JUPYTERHUB_API_TOKEN"):
+                return env["JUPYTERHUB_API_TOKEN"]
+        return None
+
+    return wait_until(found, timeout=30, what="alice's server token")
+
+
+@pytest.fixture(scope="module")
+def server(hub: Hub) -> Iterator[dict[str, str]]:
+    """alice's running server: its Slurm job and its own token; bob's plain job beside it."""
+    ensure_user(BOB)
+    status, body = hub.api("POST", f"/users/{USER}/server", {"profile": PROFILE})
+    assert status in (201, 202), body
+    hub.wait_ready()
+    job = str(hub.api("GET", f"/users/{USER}")[1]["servers"][""]["state"]["job_id"])
+    bobs = _as(BOB, "sbatch", "--parsable", "-p", "debug", "-t", "10", "-o", "/dev/null", "--wrap", "sleep 600")
+    assert bobs.returncode == 0, bobs.stderr
+    yield {"job": job, "token": _server_token(job), "bob_job": bobs.stdout.strip().split(";")[0]}
+    if hub.server(USER) is not None:
+        hub.stop_server()
+    subprocess.run(["scancel", bobs.stdout.strip()], timeout=30, check=False)
+
+
+def test_a_server_reports_its_port_and_sets_nothing_else(hub: Hub, server: dict[str, str], tmp_path: Path) -> None:
+    owned = tmp_path / "owned"
+    tmp_path.chmod(0o777)
+    bodies = {
+        "exec_prefix emptied": {"exec_prefix": ""},
+        "a cancel command of alice's": {"batch_cancel_cmd": f"sh -c 'id > {owned}'"},
+        "a submit command of alice's": {"batch_submit_cmd": f"sh -c 'id > {owned}'"},
+        "bob's job as hers": {"job_id": server["bob_job"]},
+        "a port after the server is ready": {"port": 4242},
+        "a port with a command beside it": {"port": 4242, "batch_cancel_cmd": f"sh -c 'id > {owned}'"},
+        "a port that is no port": {"port": 70000},
+        "a port as text": {"port": "4242"},
+    }
+    before = hub.api("GET", f"/users/{USER}")[1]["servers"][""]
+    for what, body in bodies.items():
+        status, said = hub.api("POST", "/batchspawner", body, token=server["token"])
+        attack(f"alice's server posts {what} to /hub/api/batchspawner", status == 400,
+               f"HTTP {status}: {str((said or {}).get('message', said))[:100]}")
+    after = hub.api("GET", f"/users/{USER}")[1]["servers"][""]
+    attack("alice's posts change her server's record in the hub", after["state"] == before["state"]
+           and after["url"] == before["url"], f"state {after['state']}")
+    log = Path(hub.log).read_text(errors="replace")
+    attack("the refused bodies reach the hub's log", "id >" not in log and "Refused a port report for" in log,
+           "the log names the user and the reason, never the body" if "id >" not in log else "the body is logged")
+    # control: the port her server reported at start is the one the hub reaches it at
+    status, _ = hub.api("GET", f"/users/{USER}")
+    assert status == 200 and after["ready"]
+    hub.stop_server()
+    gone = wait_until(lambda: slurm.job_info(server["job"]) is None
+                      or slurm.job_info(server["job"])["JobState"] not in ("RUNNING", "PENDING") or None,
+                      timeout=60, what="alice's job to end")
+    attack("stopping alice's server runs a command of hers as root", not owned.exists() and bool(gone),
+           f"{owned} {'written: ' + owned.read_text() if owned.exists() else 'absent'}; her job ended")
+    bobs = slurm.job_info(server["bob_job"]) or {}
+    attack("alice's server takes bob's job as hers (stopping hers cancels his)", bobs.get("JobState") == "RUNNING",
+           f"bob's job {bobs.get('JobState', 'gone')}")
+
+
+def test_what_a_user_writes_into_slurm_does_not_steer_the_hub(hub: Hub) -> None:
+    status, body = hub.api("POST", f"/users/{USER}/server", {"profile": PROFILE})
+    assert status in (201, 202), body
+    hub.wait_ready()
+    job = str(hub.api("GET", f"/users/{USER}")[1]["servers"][""]["state"]["job_id"])
+    token = _server_token(job)
+    for field in (f"Comment={FORGED}", f"Name={FORGED}"):
+        done = _as(USER, "scontrol", "update", f"JobId={job}", field)
+        assert done.returncode == 0, done.stderr  # a job's owner may write both
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=30).stdout
+    assert "Partition=gpu" in shown and "Partition=debug" in shown  # the forged text is in scontrol's record
+    info = slurm.job_info(job) or {}
+    attack("a forged Comment and JobName in the hub's record of the job",
+           (info.get("Partition"), info.get("JobState")) == ("debug", "RUNNING")
+           and slurm.parse_duration(info["TimeLimit"]) == 3600, f"partition {info.get('Partition')}, "
+           f"time limit {info.get('TimeLimit')}, state {info.get('JobState')}")
+    end = allocation.end_time(job)
+    attack("a forged EndTime in the follow-up's start timeout", end is not None and end < dt.datetime(2027, 1, 1),
+           f"end {end}")
+    status, said = hub.api("POST", "/hpcai/extend", {"seconds": 1800}, token=token)
+    attack("extend of a debug job that says Partition=gpu", status == 409 and "partition debug" in said["error"],
+           f"HTTP {status}: {said}")
+    after = slurm.job_info(job) or {}
+    assert slurm.parse_duration(after["TimeLimit"]) == 3600, after
+    hub.stop_server()
+
+
+def _named(hub: Hub, user: str, name: str) -> dict:  # type: ignore[type-arg]
+    return hub.api("GET", f"/users/{user}")[1]["servers"].get(name) or {}
+
+
+def test_a_user_has_one_follow_up_waiting_at_most(hub: Hub) -> None:
+    """Each follow-up is a pending spawn for hours, and pending spawns count against concurrent_spawn_limit."""
+    for name in ("", "second"):
+        status, body = hub.api("POST", f"/users/{USER}/servers/{name}", {"profile": PROFILE})
+        assert status in (201, 202), body
+    wait_until(lambda: all(_named(hub, USER, n).get("ready") for n in ("", "second")) or None, timeout=180,
+               what="alice's two servers")
+    tokens = {n: _server_token(str(_named(hub, USER, n)["state"]["job_id"])) for n in ("", "second")}
+    status, queued = hub.api("POST", "/hpcai/continue", {}, token=tokens[""])
+    assert status == 200, queued  # control: her first follow-up is queued
+    status, again = hub.api("POST", "/hpcai/continue", {}, token=tokens[""])
+    assert status == 200 and again["job_id"] == queued["job_id"], again  # asked again: the same one
+    answers = [hub.api("POST", "/hpcai/continue", {}, token=tokens["second"]) for _ in range(10)]
+    mine = subprocess.run(["squeue", "-h", "-u", USER, "-o", "%i"], capture_output=True, text=True,
+                          timeout=30).stdout.split()
+    attack("alice queues ten more follow-ups from another server",
+           all(s == 409 and "already waits" in a["error"] for s, a in answers) and len(mine) == 3,
+           f"HTTP {sorted({s for s, _ in answers})}: {answers[0][1].get('error', answers[0][1])}; her jobs: {len(mine)}")
+    status, body = hub.api("POST", f"/users/{BOB}/server", {"profile": PROFILE})
+    assert status in (201, 202), body
+    hub.wait_ready(BOB)  # other users still start
+    for user, name in ((BOB, ""), (USER, "second"), (USER, queued["server"]), (USER, "")):
+        hub.api("DELETE", f"/users/{user}/servers/{name}")
+    wait_until(lambda: not subprocess.run(["squeue", "-h", "-u", USER, "-o", "%i"], capture_output=True, text=True,
+                                          timeout=30).stdout.split() and hub.server(BOB) is None or None,
+               timeout=120, what="alice's jobs and bob's server to end")
