@@ -87,10 +87,10 @@ def sbatch(args: list[str], env: Mapping[str, str] | None = None, timeout: float
 # A job's record from squeue's fixed fields, under scontrol's names. None of them is text the job's owner can
 # write (Comment, JobName, WorkDir are never asked for), and the one free-form path (StdOut, the hub's own
 # template) comes last, so no value can add a field or move another: nothing a user sets steers the hub.
-JOB_FIELDS = (("JobId", "JobID"), ("JobState", "State"), ("Partition", "Partition"), ("TimeLimit", "TimeLimit"),
-              ("StartTime", "StartTime"), ("EndTime", "EndTime"), ("NodeList", "NodeList"),
-              ("BatchHost", "BatchHost"), ("Reason", "Reason"), ("ExitCode", "exit_code"), ("UserName", "UserName"),
-              ("Account", "Account"), ("StdOut", "STDOUT"))
+JOB_FIELDS = (("JobId", "JobID"), ("JobState", "State"), ("UserName", "UserName"), ("Partition", "Partition"),
+              ("TimeLimit", "TimeLimit"), ("StartTime", "StartTime"), ("EndTime", "EndTime"), ("NodeList", "NodeList"),
+              ("BatchHost", "BatchHost"), ("ExitCode", "exit_code"), ("Account", "Account"),
+              ("Dependency", "Dependency"), ("Reason", "Reason"), ("StdOut", "STDOUT"))
 _NONE = ("N/A", "n/a", "(null)", "Unknown", "NONE")
 
 

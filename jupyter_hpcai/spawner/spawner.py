@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
+import re
 import shlex
 import time
 from pathlib import Path
@@ -121,6 +122,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         return await asyncio.to_thread(self._limits)
 
     async def _render_form(self, spawner: Any = None) -> str:
+        self.check_account()  # the estimates run sbatch as this user: never for an account the site refuses
         values, errors = self._rejected or ({}, {})
         self._rejected = None
         environments = await asyncio.to_thread(self._environments)
@@ -174,6 +176,9 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         """Refuse (HTTP 403) a server for an account the site does not allow: unknown to unix, a system account
         (uid below ``min_uid``) or one in ``denied_users``."""
         name = self.user.name
+        if not re.fullmatch(r"[a-z_][a-z0-9_.-]*", name):  # it becomes a word of exec_prefix: a unix name only
+            raise _refused(403, HPCAIError(f"no notebook server for {name!r}: not a unix account name",
+                                           "log in with your cluster account"))
         try:
             uid = pwd.getpwnam(name).pw_uid
         except KeyError:
@@ -225,6 +230,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         self.follows = ""  # only this job waits for that one; a later start of this server does not
         if not self.job_id:
             raise HPCAIError("sbatch returned no job id", "see the hub log")
+        await self._check_owner()
         while (status := await self.query_job_status()) != JobStatus.RUNNING:
             if status == JobStatus.NOTFOUND:
                 raise HPCAIError(await self._failure_report("ended before it started running"))
@@ -236,6 +242,23 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             await asyncio.sleep(self.startup_poll_interval)
         await self._wait_until_listening()
         return self.ip, self.port
+
+    def parse_job_id(self, output: str) -> str:
+        """sbatch --parsable's answer: exactly one line, a job id (";cluster" may follow). sbatch runs as the user,
+        so its output is theirs to write: anything else is refused, never read for a number."""
+        lines = output.strip().splitlines()
+        if len(lines) != 1 or not re.fullmatch(r"\d+(;[\w.-]+)?", lines[0].strip()):
+            self.log.error("%s: sbatch answered %d lines that are not one job id; refusing", self._log_name, len(lines))
+            return ""
+        return lines[0].strip().split(";")[0]
+
+    async def _check_owner(self) -> None:
+        """The job the hub will track, cancel and extend is this user's, as Slurm records it."""
+        info = await asyncio.to_thread(slurm.job_info, self.job_id)
+        if info is not None and info.get("UserName") != self.user.name:
+            self.job_id = ""
+            raise HPCAIError(f"the job id sbatch answered is not a job of {self.user.name}",
+                             "tell the site's admins: the hub's submissions are being tampered with")
 
     def _remember_job(self) -> None:
         """Save the job id now, marked as starting, not once the server is up: a hub restarted while this start
@@ -311,6 +334,11 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             raise HPCAIError(f"job {self.job_id} is not running ({info.get('JobState', 'gone')})",
                              "only a running notebook job can be extended")
         options, _ = await asyncio.to_thread(self._validate, self.user_options or {})
+        if (info.get("UserName"), info.get("Partition")) != (self.user.name, options.partition):
+            # its owner moved it (scontrol update Partition=, while pending), or it is not this user's job
+            raise HPCAIError(f"job {self.job_id} is not the {options.partition} job of {self.user.name} the hub "
+                             f"submitted (Slurm: {info.get('Partition')}, {info.get('UserName')})",
+                             "only a notebook job as the hub submitted it can be extended")
         partition, limit = options.partition, slurm.parse_duration(info.get("TimeLimit", "")) or 0
         scheduler = (await self.current_limits()).get(partition)
         wanted = extend.new_limit(self.extend_max_walltime, partition, limit, seconds,
