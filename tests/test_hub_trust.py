@@ -162,3 +162,14 @@ def test_a_user_has_one_follow_up_waiting_at_most(hub: Hub) -> None:
     wait_until(lambda: not subprocess.run(["squeue", "-h", "-u", USER, "-o", "%i"], capture_output=True, text=True,
                                           timeout=30).stdout.split() and hub.server(BOB) is None or None,
                timeout=120, what="alice's jobs and bob's server to end")
+
+
+def test_sbatchs_answer_is_one_job_id_or_none(devcluster) -> None:  # type: ignore[no-untyped-def]
+    """sbatch runs as the user, who can write into its output (/proc/PID/fd/1): only one job-id line is read."""
+    from jupyter_hpcai.spawner.spawner import offline_spawner
+
+    spawner = offline_spawner(Path(__file__).resolve().parents[1] / "spawner_config" / "demo_config.py", USER)
+    assert spawner.parse_job_id("123\n") == "123" and spawner.parse_job_id("124;cluster\n") == "124"  # control
+    for what, answer in (("a second line", "678\n555\n"), ("text", "555 x"), ("nothing", "")):
+        parsed = spawner.parse_job_id(answer)
+        attack(f"sbatch's answer with {what} taken as a job id", parsed == "", f"parsed {parsed!r}")
