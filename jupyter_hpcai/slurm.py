@@ -90,6 +90,7 @@ def sbatch(args: list[str], env: Mapping[str, str] | None = None, timeout: float
 JOB_FIELDS = (("JobId", "JobID"), ("JobState", "State"), ("UserName", "UserName"), ("Partition", "Partition"),
               ("TimeLimit", "TimeLimit"), ("StartTime", "StartTime"), ("EndTime", "EndTime"), ("NodeList", "NodeList"),
               ("BatchHost", "BatchHost"), ("ExitCode", "exit_code"), ("Account", "Account"),
+              ("SubmitTime", "SubmitTime"), ("NumNodes", "NumNodes"), ("TresPerNode", "tres-per-node"),
               ("Dependency", "Dependency"), ("Reason", "Reason"), ("StdOut", "STDOUT"))
 _NONE = ("N/A", "n/a", "(null)", "Unknown", "NONE")
 

@@ -27,7 +27,7 @@ def test_gres_gpus(gres: str, gpus: int) -> None:
 
 
 def test_a_job_record_keeps_its_fields_whatever_its_path_holds() -> None:
-    line = "7|PENDING|ana|debug|1:00:00|N/A|N/A||n/a|0|(null)|afterany:6(unfulfilled)|Resources|/home/ana/a|Partition=gpu|x%j.log|"
+    line = "7|PENDING|ana|debug|1:00:00|N/A|N/A||n/a|0|(null)|2026-12-02T21:33:18|1|gres:gpu:1|afterany:6(unfulfilled)|Resources|/home/ana/a|Partition=gpu|x%j.log|"
     info = parse_job_line(line)
     assert (info["JobState"], info["Partition"], info["TimeLimit"], info["Reason"]) == ("PENDING", "debug", "01:00:00",
                                                                                         "Resources")
