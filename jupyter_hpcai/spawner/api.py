@@ -11,11 +11,12 @@ no port is set. Anything else is refused with 400 and the reason; the log names 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import batchspawner.api
 from jupyterhub.apihandlers import APIHandler, default_handlers
 from tornado import web
+
+from .extend import token_spawner
 
 PATH = r"/api/batchspawner"
 
@@ -36,8 +37,7 @@ class PortHandler(APIHandler):  # type: ignore[misc]
 
     @web.authenticated
     def post(self) -> None:
-        token = self.get_auth_token()
-        spawner: Any = next((s for s in self.current_user.spawners.values() if s.api_token == token), None)
+        spawner = token_spawner(self)
         try:
             if spawner is None:
                 raise web.HTTPError(400, "this token belongs to no server of this user: send the server's own token")

@@ -53,10 +53,15 @@ def checked_seconds(body: object) -> int:
     return seconds
 
 
-def own_spawner(handler: APIHandler) -> Any:
-    """The notebook job whose server's own token made the request (as batchspawner's API finds it); 404 else."""
+def token_spawner(handler: APIHandler) -> Any:
+    """The spawner of the request's user whose server's own token made the request, or None."""
     token = handler.get_auth_token()
-    spawner = next((s for s in handler.current_user.spawners.values() if s.api_token == token), None)
+    return next((s for s in handler.current_user.spawners.values() if s.api_token == token), None)
+
+
+def own_spawner(handler: APIHandler) -> Any:
+    """The notebook job whose server's own token made the request; 404 else."""
+    spawner = token_spawner(handler)
     if spawner is None or not hasattr(spawner, "extend") or not getattr(spawner, "job_id", ""):
         raise web.HTTPError(404, "this token belongs to no running notebook job: send the server's own token")
     return spawner
