@@ -12,6 +12,7 @@ import os
 import pwd
 import subprocess
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from conftest import attack
 from hub_helpers import BOB, USER, Hub, ensure_user
 from jupyter_hpcai import allocation, slurm
 from jupyter_hpcai.proc import wait_until
+from jupyter_hpcai.spawner.follow_up import follow_up_name
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 PROFILE = "1 node, 1 GPU (debug)"  # the demo config extends no debug job; gpu jobs up to 4 h
@@ -144,20 +146,30 @@ def test_a_user_has_one_follow_up_waiting_at_most(hub: Hub) -> None:
     wait_until(lambda: all(_named(hub, USER, n).get("ready") for n in ("", "second")) or None, timeout=180,
                what="alice's two servers")
     tokens = {n: _server_token(str(_named(hub, USER, n)["state"]["job_id"])) for n in ("", "second")}
-    status, queued = hub.api("POST", "/hpcai/continue", {}, token=tokens[""])
-    assert status == 200, queued  # control: her first follow-up is queued
-    status, again = hub.api("POST", "/hpcai/continue", {}, token=tokens[""])
-    assert status == 200 and again["job_id"] == queued["job_id"], again  # asked again: the same one
-    answers = [hub.api("POST", "/hpcai/continue", {}, token=tokens["second"]) for _ in range(10)]
+    with ThreadPoolExecutor(10) as pool:  # ten at once, from both servers: the check and the spawn are one step
+        answers = list(pool.map(lambda n: hub.api("POST", "/hpcai/continue", {}, token=tokens[n]), ["", "second"] * 5))
+    queued = {(a["server"], a["job_id"]) for s, a in answers if s == 200}
+    refused = [a for s, a in answers if s == 409 and "already waits" in a["error"]]
     mine = subprocess.run(["squeue", "-h", "-u", USER, "-o", "%i"], capture_output=True, text=True,
                           timeout=30).stdout.split()
-    attack("alice queues ten more follow-ups from another server",
+    attack("alice asks ten follow-ups at once from two servers", len(queued) == 1 and len(refused) == 5
+           and len(mine) == 3, f"{len(queued)} queued, {len(refused)} refused, HTTP {sorted(s for s, _ in answers)}; "
+           f"her jobs: {len(mine)}")
+    (server, job), = queued  # control: her first follow-up is queued, and asked again answers with the same one
+    waits = next(n for n in ("", "second") if follow_up_name(_named(hub, USER, n)["state"]["job_id"]) == server)
+    status, again = hub.api("POST", "/hpcai/continue", {}, token=tokens[waits])
+    assert status == 200 and (again["server"], again["job_id"]) == (server, job), again
+    other = tokens["second" if waits == "" else ""]
+    answers = [hub.api("POST", "/hpcai/continue", {}, token=other) for _ in range(10)]
+    mine = subprocess.run(["squeue", "-h", "-u", USER, "-o", "%i"], capture_output=True, text=True,
+                          timeout=30).stdout.split()
+    attack("alice queues ten more follow-ups from her other server",
            all(s == 409 and "already waits" in a["error"] for s, a in answers) and len(mine) == 3,
            f"HTTP {sorted({s for s, _ in answers})}: {answers[0][1].get('error', answers[0][1])}; her jobs: {len(mine)}")
     status, body = hub.api("POST", f"/users/{BOB}/server", {"profile": PROFILE})
     assert status in (201, 202), body
     hub.wait_ready(BOB)  # other users still start
-    for user, name in ((BOB, ""), (USER, "second"), (USER, queued["server"]), (USER, "")):
+    for user, name in ((BOB, ""), (USER, "second"), (USER, server), (USER, "")):
         hub.api("DELETE", f"/users/{user}/servers/{name}")
     wait_until(lambda: not subprocess.run(["squeue", "-h", "-u", USER, "-o", "%i"], capture_output=True, text=True,
                                           timeout=30).stdout.split() and hub.server(BOB) is None or None,

@@ -15,6 +15,9 @@ import asyncio
 import datetime as dt
 import json
 import time
+from collections import defaultdict
+from typing import Any
+
 from jupyterhub.apihandlers import APIHandler, default_handlers
 from tornado import web
 
@@ -22,6 +25,7 @@ from ..allocation import end_time
 from .extend import own_spawner
 
 QUEUED_WITHIN = 30  # seconds for the follow-up's sbatch to answer with a job id
+_LOCKS: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)  # user name -> held while a follow-up is asked
 
 
 def follow_up_name(job_id: str) -> str:
@@ -49,23 +53,20 @@ class ContinueHandler(APIHandler):  # type: ignore[misc]
                         "(admins: JupyterHub.allow_named_servers = True)"}))
             return
         name = follow_up_name(current.job_id)
-        follower = user.spawners[name] if name in user.orm_spawners else None
-        if follower is None or not (follower.active or follower.pending):
-            waiting = next((s for n, s in user.spawners.items() if n.startswith("after-") and s.pending == "spawn"), None)
-            if waiting is not None:  # each waits as a pending spawn, which counts against concurrent_spawn_limit
-                self.set_status(409)
-                self.finish(json.dumps({
-                    "error": f"a follow-up job of yours already waits: server {waiting.name} (Slurm job "
-                             f"{waiting.job_id or 'not yet submitted'})",
-                    "hint": "one follow-up per user waits at a time: let it start, or stop it on the hub's home page"}))
-                return
-            await self._check_named_server_request(user, name, name)
-            follower = user.get_or_create_spawner(name, name, replace_failed=True)
-            follower.follows = current.job_id
-            # it waits in the queue for the rest of this job, then starts as any server does
-            follower.start_timeout = max(follower.start_timeout,
-                                         await asyncio.to_thread(_seconds_left, current.job_id) + current.start_timeout)
-            await self.spawn_single_user(user, name, name, options=dict(current.user_options or {}))
+        async with _LOCKS[user.name]:  # the check and the spawn as one step: requests at once queue one follow-up
+            follower = user.spawners[name] if name in user.orm_spawners else None
+            if follower is None or not (follower.active or follower.pending):
+                waiting = next((s for n, s in user.spawners.items() if n.startswith("after-") and s.pending == "spawn"),
+                               None)
+                if waiting is not None:  # each waits as a pending spawn, which counts against concurrent_spawn_limit
+                    self.set_status(409)
+                    self.finish(json.dumps({
+                        "error": f"a follow-up job of yours already waits: server {waiting.name} (Slurm job "
+                                 f"{waiting.job_id or 'not yet submitted'})",
+                        "hint": "one follow-up per user waits at a time: let it start, or stop it on the hub's home "
+                                "page"}))
+                    return
+                follower = await self._spawn(user, name, current)
         deadline = time.monotonic() + QUEUED_WITHIN
         while not follower.job_id and (follower.pending or follower.active) and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
@@ -73,6 +74,17 @@ class ContinueHandler(APIHandler):  # type: ignore[misc]
             raise web.HTTPError(500, f"the follow-up server {name} has no Slurm job yet: see the hub's log")
         self.finish(json.dumps({"server": name, "url": f"{user.server_url(name)}lab", "job_id": follower.job_id,
                                 "after": current.job_id}))
+
+    async def _spawn(self, user: Any, name: str, current: Any) -> Any:
+        """Start the named server ``name`` with ``current``'s options, waiting in Slurm's queue for its job."""
+        await self._check_named_server_request(user, name, name)
+        follower = user.get_or_create_spawner(name, name, replace_failed=True)
+        follower.follows = current.job_id
+        # it waits in the queue for the rest of this job, then starts as any server does
+        follower.start_timeout = max(follower.start_timeout,
+                                     await asyncio.to_thread(_seconds_left, current.job_id) + current.start_timeout)
+        await self.spawn_single_user(user, name, name, options=dict(current.user_options or {}))
+        return follower
 
 
 default_handlers.append((r"/api/hpcai/continue", ContinueHandler))

@@ -3,7 +3,7 @@ progress stream, and submissions go through a bounded queue.
 
 ``JobStates``: the jobs any spawner asked about recently are asked for in one ``squeue`` per ``interval``
 (concurrent callers share the query in flight; a job submitted since waits for the next cycle's); a job the
-query asked for and did not find is asked for on its own (``scontrol show job``) before anyone calls it gone;
+query asked for and did not find is asked for on its own (``slurm.job_info``) before anyone calls it gone;
 a query that fails raises, which the spawner reads as UNKNOWN (the job is kept), never as gone. The
 scheduler calls of the last minute are counted and logged once a minute.
 
