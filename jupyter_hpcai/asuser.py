@@ -23,7 +23,7 @@ def as_user(user: str, code: str, data: Any, hint: str = "", timeout: float = 60
     try:
         done = subprocess.run([sys.executable, "-I", "-c", code], input=json.dumps(data), capture_output=True,
                               text=True, user=entry.pw_uid, group=entry.pw_gid, extra_groups=[], env=env, cwd="/",
-                              timeout=timeout)
+                              start_new_session=True, timeout=timeout)  # no controlling terminal of root's to type into
     except subprocess.TimeoutExpired:
         raise HPCAIError(f"a program run as {user} did not finish within {timeout:g} s") from None
     if done.returncode != 0:

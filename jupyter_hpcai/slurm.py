@@ -32,10 +32,11 @@ class Node:
 
 
 def gres_gpus(gres: str) -> int:
-    """The GPU count in a gres string such as ``gpu:4``, ``gpu:a100:2(S:0-1)`` or ``(null)``."""
+    """The GPU count in a gres string such as ``gpu:4``, ``gpu:a100:2(S:0-1)``, ``gres:gpu:2`` (a job's
+    TresPerNode) or ``(null)``."""
     total = 0
     for item in gres.split(","):
-        m = re.match(r"gpu(?::[^:(]+)?:(\d+)", item.strip())
+        m = re.match(r"gpu(?::[^:(]+)?:(\d+)", item.strip().removeprefix("gres:"))
         if m:
             total += int(m.group(1))
     return total
@@ -74,7 +75,8 @@ def nodes(env: Mapping[str, str] | None = None) -> list[Node]:
 
 
 TERMINAL_STATES = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+     "REVOKED", "SPECIAL_EXIT"}
 )
 
 
@@ -85,13 +87,14 @@ def sbatch(args: list[str], env: Mapping[str, str] | None = None, timeout: float
 
 
 # A job's record from squeue's fixed fields, under scontrol's names. None of them is text the job's owner can
-# write (Comment, JobName, WorkDir are never asked for), and the one free-form path (StdOut, the hub's own
-# template) comes last, so no value can add a field or move another: nothing a user sets steers the hub.
+# write (Comment, JobName, WorkDir are never asked for). The two a user may set freely come last: Account (free
+# text where the site keeps no accounting) and StdOut (a path): a '|' in either moves only what follows it, which
+# the hub decides nothing on (StdOut is read as the user); no value can add a field or move another before them.
 JOB_FIELDS = (("JobId", "JobID"), ("JobState", "State"), ("UserName", "UserName"), ("Partition", "Partition"),
               ("TimeLimit", "TimeLimit"), ("StartTime", "StartTime"), ("EndTime", "EndTime"), ("NodeList", "NodeList"),
-              ("BatchHost", "BatchHost"), ("ExitCode", "exit_code"), ("Account", "Account"),
-              ("SubmitTime", "SubmitTime"), ("NumNodes", "NumNodes"), ("TresPerNode", "tres-per-node"),
-              ("Dependency", "Dependency"), ("Reason", "Reason"), ("StdOut", "STDOUT"))
+              ("BatchHost", "BatchHost"), ("ExitCode", "exit_code"), ("SubmitTime", "SubmitTime"),
+              ("NumNodes", "NumNodes"), ("TresPerNode", "tres-per-node"), ("Dependency", "Dependency"),
+              ("Reason", "Reason"), ("Account", "Account"), ("StdOut", "STDOUT"))
 _NONE = ("N/A", "n/a", "(null)", "Unknown", "NONE")
 
 

@@ -3,8 +3,10 @@
 Settings that differ per run come from the environment: HPCAI_HUB_DIR (state), HPCAI_HUB_PORT (and
 HPCAI_HUB_INTERNAL_PORT, HPCAI_PROXY_API_PORT; default the two ports after it),
 HPCAI_DEMO_PASSWORD (the DummyAuthenticator's shared password), HPCAI_DEMO_USERS (the accounts that may
-log in with it, comma-separated; default hpcai-demo) and HPCAI_HUB_API_TOKEN (an admin service token for
-scripts). Everything else is the site config below.
+log in with it, comma-separated; default hpcai-demo), HPCAI_HUB_API_TOKEN (an admin service token for
+scripts), HPCAI_HUB_LOG_LEVEL (default INFO; the tests run the hub at DEBUG, to look for secrets in all it
+logs), and the tests' HPCAI_JOB_STATE_INTERVAL and HPCAI_MAX_CONCURRENT_SUBMITS. Everything else is the site
+config below.
 """
 
 import os
@@ -19,6 +21,7 @@ c = get_config()  # noqa: F821
 hub_dir = os.environ.get("HPCAI_HUB_DIR", "/var/lib/hpcai/hub")
 port = int(os.environ.get("HPCAI_HUB_PORT", "8000"))
 
+c.Application.log_level = os.environ.get("HPCAI_HUB_LOG_LEVEL", "INFO")
 c.JupyterHub.bind_url = f"http://127.0.0.1:{port}"  # users come through an ssh tunnel to this host
 # The hub's API listens where the servers on the nodes reach it: the login node's address on the dev cluster's
 # bridge (loopback where the nodes share this host's address). hub_connect_ip is what the servers are told.
@@ -71,5 +74,8 @@ c.HPCSlurmSpawner.extend_max_walltime = {"gpu": "04:00:00"}
 c.HPCSlurmSpawner.start_estimates_ttl = 5
 # one squeue a second for every spawner's poll (0: each spawner asks Slurm on its own, as the load test compares)
 c.HPCSlurmSpawner.job_state_interval = float(os.environ.get("HPCAI_JOB_STATE_INTERVAL", "1"))
+c.HPCSlurmSpawner.max_concurrent_submits = int(os.environ.get("HPCAI_MAX_CONCURRENT_SUBMITS", "8"))
 # %hpc continue queues a follow-up job as a named server (after-<job>) beside the running one
 c.JupyterHub.allow_named_servers = True
+# as the site template: each user's named servers at most (a pending start counts against concurrent_spawn_limit)
+c.JupyterHub.named_server_limit_per_user = 5

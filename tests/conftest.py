@@ -364,7 +364,7 @@ def hub(devcluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator["Hub"]
     from hub_helpers import USER, Hub, ensure_user
 
     ensure_user(USER)
-    hub = Hub(tmp_path_factory.mktemp("hub"))
+    hub = Hub(tmp_path_factory.mktemp("hub"), environ={"HPCAI_HUB_LOG_LEVEL": "DEBUG"})  # all it logs is searched
     hub.start()
     hub.api("POST", f"/users/{USER}")  # 201, or 409 when a restarted hub already has the user
     yield hub

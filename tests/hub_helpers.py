@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import secrets
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from jupyter_helpers import free_port
+from jupyter_hpcai import slurm
 from jupyter_hpcai.demo import HubProcess, ensure_user
+from jupyter_hpcai.proc import wait_until
 
 USER = "hpcai-alice"
 BOB = "hpcai-bob"  # the other user: hostile to alice in the security tests
 PASSWORD = "demo-" + secrets.token_hex(4)
-__all__ = ["BOB", "CHROMIUM_ARGS", "PASSWORD", "USER", "Hub", "ensure_user", "logged_in_page"]
+__all__ = ["BOB", "CHROMIUM_ARGS", "PASSWORD", "USER", "Hub", "as_user", "ensure_user", "every_gpu_held",
+           "logged_in_page"]
 
 
 class Hub(HubProcess):
@@ -73,3 +79,24 @@ def logged_in_page(playwright: Any, hub: Hub, user: str = USER) -> tuple[Any, An
     page.fill("#password_input", PASSWORD)
     page.click("#login_submit")
     return browser, page
+
+
+@contextlib.contextmanager
+def every_gpu_held(tmp_path: Path) -> Iterator[None]:
+    """A job holding every GPU of both nodes while the block runs; a server's job waits behind it."""
+    release = tmp_path / "release"
+    blocker = slurm.sbatch(["-N2", "--gpus-per-node=4", "--partition=debug", f"--output={tmp_path}/b.out",
+                            "--wrap", f"while [ ! -e {release} ]; do sleep 0.2; done"])
+    try:
+        wait_until(lambda: slurm.job_info(blocker)["JobState"] == "RUNNING", timeout=60, what="the blocker job")  # type: ignore[index]
+        yield
+    finally:
+        release.touch()
+        subprocess.run(["scancel", str(blocker)], timeout=30, check=False)
+
+
+def as_user(user: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` as ``user`` (their uid, gid and groups; a clean environment, with the cluster's SLURM_CONF)."""
+    return subprocess.run(["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--reset-env",
+                           "env", f"SLURM_CONF={os.environ['SLURM_CONF']}", *argv],
+                          capture_output=True, text=True, timeout=timeout)

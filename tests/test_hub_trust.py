@@ -7,10 +7,13 @@ applied; bob's job runs on)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import os
 import pwd
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,20 +21,17 @@ from pathlib import Path
 import pytest
 
 from conftest import attack
-from hub_helpers import BOB, USER, Hub, ensure_user
+from hub_helpers import BOB, USER, Hub, as_user, ensure_user, every_gpu_held
 from jupyter_hpcai import allocation, slurm
+from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
 from jupyter_hpcai.spawner.follow_up import follow_up_name
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 PROFILE = "1 node, 1 GPU (debug)"  # the demo config extends no debug job; gpu jobs up to 4 h
+GPU_PROFILE = "2 nodes x 2 GPUs"  # partition gpu: extended up to 4 h
+CONFIG = Path(__file__).resolve().parents[1] / "spawner_config" / "demo_config.py"
 FORGED = "x Partition=gpu TimeLimit=4-00:00:00 EndTime=2027-01-01T00:00:00 | JobState=RUNNING|gpu|4-00:00:00|"
-
-
-def _as(user: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--reset-env", "env",
-                           f"SLURM_CONF={os.environ['SLURM_CONF']}", "PATH=/usr/bin:/bin", *argv],
-                          capture_output=True, text=True, timeout=60)
 
 
 def _server_token(job: str) -> str:
@@ -61,7 +61,7 @@ def server(hub: Hub) -> Iterator[dict[str, str]]:
     assert status in (201, 202), body
     hub.wait_ready()
     job = str(hub.api("GET", f"/users/{USER}")[1]["servers"][""]["state"]["job_id"])
-    bobs = _as(BOB, "sbatch", "--parsable", "-p", "debug", "-t", "10", "-o", "/dev/null", "--wrap", "sleep 600")
+    bobs = as_user(BOB, "sbatch", "--parsable", "-p", "debug", "-t", "10", "-o", "/dev/null", "--wrap", "sleep 600")
     assert bobs.returncode == 0, bobs.stderr
     yield {"job": job, "token": _server_token(job), "bob_job": bobs.stdout.strip().split(";")[0]}
     if hub.server(USER) is not None:
@@ -114,7 +114,7 @@ def test_what_a_user_writes_into_slurm_does_not_steer_the_hub(hub: Hub) -> None:
     job = str(hub.api("GET", f"/users/{USER}")[1]["servers"][""]["state"]["job_id"])
     token = _server_token(job)
     for field in (f"Comment={FORGED}", f"Name={FORGED}"):
-        done = _as(USER, "scontrol", "update", f"JobId={job}", field)
+        done = as_user(USER, "scontrol", "update", f"JobId={job}", field)
         assert done.returncode == 0, done.stderr  # a job's owner may write both
     shown = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=30).stdout
     assert "Partition=gpu" in shown and "Partition=debug" in shown  # the forged text is in scontrol's record
@@ -170,7 +170,7 @@ def test_a_user_has_one_follow_up_waiting_at_most(hub: Hub) -> None:
     assert status in (201, 202), body
     hub.wait_ready(BOB)  # other users still start
     for user, name in ((BOB, ""), (USER, "second"), (USER, server), (USER, "")):
-        hub.api("DELETE", f"/users/{user}/servers/{name}")
+        hub.api("DELETE", f"/users/{user}/servers/{name}", {"remove": True} if name else None)
     wait_until(lambda: not subprocess.run(["squeue", "-h", "-u", USER, "-o", "%i"], capture_output=True, text=True,
                                           timeout=30).stdout.split() and hub.server(BOB) is None or None,
                timeout=120, what="alice's jobs and bob's server to end")
@@ -180,8 +180,132 @@ def test_sbatchs_answer_is_one_job_id_or_none(devcluster) -> None:  # type: igno
     """sbatch runs as the user, who can write into its output (/proc/PID/fd/1): only one job-id line is read."""
     from jupyter_hpcai.spawner.spawner import offline_spawner
 
-    spawner = offline_spawner(Path(__file__).resolve().parents[1] / "spawner_config" / "demo_config.py", USER)
+    spawner = offline_spawner(CONFIG, USER)
     assert spawner.parse_job_id("123\n") == "123" and spawner.parse_job_id("124;cluster\n") == "124"  # control
     for what, answer in (("a second line", "678\n555\n"), ("text", "555 x"), ("nothing", "")):
         parsed = spawner.parse_job_id(answer)
         attack(f"sbatch's answer with {what} taken as a job id", parsed == "", f"parsed {parsed!r}")
+
+
+def test_the_hub_tracks_only_a_job_slurm_shows_as_the_users(devcluster) -> None:  # type: ignore[no-untyped-def]
+    """A job id alice writes into sbatch's answer must be a job of hers that Slurm knows: not bob's, not the next
+    id (bob's next submission would be tracked, cancelled and shown to her as hers)."""
+    from jupyter_hpcai.spawner.spawner import offline_spawner
+
+    ensure_user(BOB)
+    spawner = offline_spawner(CONFIG, USER)
+    jobs = {}
+    for user in (USER, BOB):
+        done = as_user(user, "sbatch", "--parsable", "-p", "debug", "-t", "5", "-o", "/dev/null", "--wrap", "sleep 300")
+        assert done.returncode == 0, done.stderr
+        jobs[user] = done.stdout.strip().split(";")[0]
+    try:
+        for what, job in (("bob's job", jobs[BOB]), ("a job Slurm does not know", str(int(jobs[BOB]) + 1000))):
+            spawner.job_id = job
+            try:
+                asyncio.run(spawner._check_owner())
+                said = "taken as hers"
+            except HPCAIError as err:
+                said = f"refused: {err.message}"
+            attack(f"sbatch's answer names {what}", said.startswith("refused") and spawner.job_id == "", said)
+        spawner.job_id = jobs[USER]  # control: her own job is hers
+        asyncio.run(spawner._check_owner())
+        assert spawner.job_id == jobs[USER]
+    finally:
+        subprocess.run(["scancel", *jobs.values()], timeout=30, check=False)
+
+
+def test_a_server_reports_an_unprivileged_port_only() -> None:
+    """The hub and the proxy connect to the port a server reports: never to a node's sshd or another root service."""
+    from tornado.web import HTTPError
+
+    from jupyter_hpcai.spawner.api import checked_port
+
+    assert checked_port({"port": 1024}) == 1024 and checked_port({"port": 65535}) == 65535  # control
+    for port in (22, 1023):
+        try:
+            said = f"accepted {checked_port({'port': port})}"
+        except HTTPError as err:
+            said = f"HTTP {err.status_code}: {err.log_message}"
+        attack(f"a server reports port {port}", said.startswith("HTTP 400"), said)
+
+
+def test_extend_refuses_a_job_its_owner_changed_while_it_waited(hub: Hub, tmp_path: Path) -> None:
+    """The extend policy is decided for the job the hub submitted: alice raises her pending gpu job from 2 to 4 GPUs
+    per node (Slurm lets a job's owner do that while it waits) and the hub will not extend the job she made of it."""
+    with every_gpu_held(tmp_path):
+        status, body = hub.api("POST", f"/users/{USER}/server", {"profile": GPU_PROFILE})
+        assert status in (201, 202), body
+        job = wait_until(lambda: str((hub.server(USER) or {}).get("state", {}).get("job_id") or "") or None,
+                         timeout=60, what="alice's job id")
+        done = as_user(USER, "scontrol", "update", f"JobId={job}", "TresPerNode=gres:gpu:4")
+        assert done.returncode == 0, done.stderr
+    hub.wait_ready()
+    info = slurm.job_info(job) or {}
+    assert info.get("NumNodes") == "2" and slurm.gres_gpus(info.get("TresPerNode", "")) == 4, info  # as she made it
+    status, said = hub.api("POST", "/hpcai/extend", {"seconds": 1800}, token=_server_token(job))
+    after = slurm.parse_duration((slurm.job_info(job) or {}).get("TimeLimit", ""))
+    attack("extend of a gpu job its owner grew to 4 GPUs a node while it waited", status == 409
+           and "GPUs per node 4, submitted 2" in said.get("error", "") and after == 7200,
+           f"HTTP {status}: {said}; time limit {after} s")
+    hub.stop_server()
+
+
+def test_a_job_its_owner_stopped_is_kept(hub: Hub) -> None:
+    """alice stops her own job (scancel --signal=STOP: Slurm says STOPPED, the job keeps its nodes). The hub must
+    keep tracking it: forgotten, the job would run on unseen, past the culler and the one-server limit."""
+    status, body = hub.api("POST", f"/users/{USER}/server", {"profile": PROFILE})
+    assert status in (201, 202), body
+    hub.wait_ready()
+    job = str(hub.server(USER)["state"]["job_id"])  # type: ignore[index]
+    done = as_user(USER, "scancel", "--signal=STOP", job)
+    assert done.returncode == 0, done.stderr
+    wait_until(lambda: (slurm.job_info(job) or {}).get("JobState") == "STOPPED" or None, timeout=30,
+               what="Slurm to show the job STOPPED")
+    polled = wait_until(lambda: "is 'STOPPED'; keeping it" in Path(hub.log).read_text(errors="replace") or None,
+                        timeout=60, what="the hub's poll of the stopped job")
+    server = hub.server(USER)
+    attack("alice's stopped job makes the hub forget it", bool(polled) and server is not None
+           and str(server["state"].get("job_id")) == job, f"the hub's server record: {server and server['state']}")
+    as_user(USER, "scancel", "--signal=CONT", job)
+    hub.stop_server()  # control: the hub still holds the job, and cancels it
+    wait_until(lambda: (slurm.job_info(job) or {}).get("JobState") in (None, *slurm.TERMINAL_STATES) or None,
+               timeout=60, what="alice's job to end")
+
+
+def test_a_users_stalled_sbatch_holds_one_submission_slot(devcluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """sbatch runs as the user, so alice may stop her own (kill -STOP): it then holds one of the hub's submission
+    slots until the hub's 60 s timeout. Her starts submit one at a time, so her three stalled starts hold one slot
+    of the two this hub has, and bob's job is submitted beside them."""
+    ensure_user(BOB)
+    hub = Hub(tmp_path / "hub", environ={"HPCAI_MAX_CONCURRENT_SUBMITS": "2"})
+    hub.start()
+    stopper = subprocess.Popen(["setpriv", f"--reuid={USER}", f"--regid={USER}", "--init-groups", "--reset-env",
+                                "timeout", "120", "sh", "-c", f"while :; do pkill -STOP -x sbatch -u {USER}; sleep 0.05; "
+                                "done"], start_new_session=True)
+    try:
+        hub.api("POST", f"/users/{USER}")
+        hub.api("POST", f"/users/{BOB}")
+        for name in ("", "s2", "s3"):
+            status, body = hub.api("POST", f"/users/{USER}/servers/{name}", {"profile": PROFILE})
+            assert status in (201, 202), body
+        wait_until(lambda: "sbatch" in subprocess.run(["pgrep", "-a", "-u", USER, "sbatch"], capture_output=True,
+                                                      text=True, timeout=10).stdout or None,
+                   timeout=30, what="alice's (stopped) sbatch")
+        status, body = hub.api("POST", f"/users/{BOB}/server", {"profile": PROFILE})
+        assert status in (201, 202), body
+        started = time.monotonic()
+        try:
+            bobs = wait_until(lambda: str((hub.server(BOB) or {}).get("state", {}).get("job_id") or "") or None,
+                              timeout=45, what="bob's job id")
+            waited = f"bob's job {bobs} submitted after {time.monotonic() - started:.0f} s"
+        except HPCAIError:
+            bobs, waited = "", "bob's job not submitted within 45 s"
+        attack("alice's stopped sbatch holds every submission slot", bool(bobs), waited)
+    finally:
+        os.killpg(stopper.pid, signal.SIGKILL)  # the loop too, not only timeout: no later start of alice's is stopped
+        stopper.wait(timeout=10)
+        subprocess.run(["pkill", "-CONT", "-u", USER, "-x", "sbatch"], timeout=10, check=False)
+        hub.stop(proxy=True)
+        subprocess.run(["scancel", "--user", USER], timeout=30, check=False)
+        subprocess.run(["scancel", "--user", BOB], timeout=30, check=False)

@@ -30,20 +30,13 @@ from urllib.parse import urlsplit
 import pytest
 
 from conftest import attack
-from hub_helpers import BOB, USER, Hub, ensure_user
+from hub_helpers import BOB, USER, Hub, as_user, ensure_user
 from jupyter_helpers import Server, execute
 from jupyter_hpcai import paths
 from jupyter_hpcai.proc import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 BIN = Path(sys.executable).parent
-
-
-def as_user(user: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` as ``user`` (their uid, gid and groups; a clean environment, with the cluster's SLURM_CONF)."""
-    return subprocess.run(["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--reset-env",
-                           "env", f"SLURM_CONF={os.environ['SLURM_CONF']}", *argv],
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def _chown(path: Path, user: str) -> None:
@@ -392,8 +385,10 @@ def test_alices_token_is_nowhere_bob_can_look(alice: dict, hub: Hub, bob: str, d
     attack("bob finds alice's hub token in Slurm's state and spool files", not searched.stdout.strip(),
            f"root finds it in {len(held)} file(s) there ({', '.join(Path(h).parent.name for h in held) or 'none'}); "
            "bob in none")
-    for what, path in (("the hub's log", hub.log), ("alice's job log",
-                                                    _home(USER) / f"jupyterhub_slurmspawner_{alice['job']}.log")):
+    debug = sum(line.startswith("[D ") for line in Path(hub.log).read_text(errors="replace").splitlines())
+    assert debug, "the tests' hub logs at DEBUG (batchspawner's submission logged the job's environment there)"
+    for what, path in ((f"the hub's log ({debug} DEBUG lines)", hub.log),
+                       ("alice's job log", _home(USER) / f"jupyterhub_slurmspawner_{alice['job']}.log")):
         attack(f"alice's hub token written to {what}", token not in Path(path).read_text(errors="replace"),
                f"{Path(path).stat().st_size} bytes read by root, no token")
 

@@ -20,20 +20,30 @@ def test_expand_hostlist(hostlist: str, names: list[str]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("gres", "gpus"), [("gpu:4", 4), ("gpu:a100:2(S:0-1)", 2), ("(null)", 0), ("gpu:a100:2,gpu:v100:1", 3)]
+    ("gres", "gpus"), [("gpu:4", 4), ("gpu:a100:2(S:0-1)", 2), ("(null)", 0), ("gpu:a100:2,gpu:v100:1", 3),
+                       ("gres:gpu:2", 2)]
 )
 def test_gres_gpus(gres: str, gpus: int) -> None:
     assert gres_gpus(gres) == gpus
 
 
 def test_a_job_record_keeps_its_fields_whatever_its_path_holds() -> None:
-    line = "7|PENDING|ana|debug|1:00:00|N/A|N/A||n/a|0|(null)|2026-12-02T21:33:18|1|gres:gpu:1|afterany:6(unfulfilled)|Resources|/home/ana/a|Partition=gpu|x%j.log|"
+    line = "7|PENDING|ana|debug|1:00:00|N/A|N/A||n/a|0|2026-12-02T21:33:18|1|gres:gpu:1|afterany:6(unfulfilled)|Resources|(null)|/home/ana/a|Partition=gpu|x%j.log|"
     info = parse_job_line(line)
     assert (info["JobState"], info["Partition"], info["TimeLimit"], info["Reason"]) == ("PENDING", "debug", "01:00:00",
                                                                                         "Resources")
     assert info["StartTime"] == "" and info["BatchHost"] == "" and info["ExitCode"] == "0:0" and info["UserName"] == "ana"
     assert info["Dependency"] == "afterany:6(unfulfilled)"
     assert info["StdOut"] == "/home/ana/a|Partition=gpu|x7.log"
+
+
+def test_an_account_with_separators_moves_only_the_log_path() -> None:
+    """Where the site keeps no accounting, a job's owner may set any Account text (scontrol update Account=)."""
+    line = "7|RUNNING|ana|debug|1:00:00|N/A|N/A|n1|n1|0|2026-12-02T21:33:18|1|gres:gpu:1|(null)|None|a|gpu|4-00:00:00|/home/ana/x%j.log|"
+    info = parse_job_line(line)
+    assert (info["Partition"], info["TimeLimit"], info["NumNodes"], info["TresPerNode"]) == ("debug", "01:00:00", "1",
+                                                                                            "gres:gpu:1")
+    assert info["Account"] == "a" and info["StdOut"] == "gpu|4-00:00:00|/home/ana/x7.log"
 
 
 def test_a_short_job_record_is_refused() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import pwd
@@ -12,12 +11,11 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from hub_helpers import USER, Hub
+from hub_helpers import USER, Hub, every_gpu_held
 from jupyter_helpers import Server, execute
 from jupyter_hpcai import slurm
 from jupyter_hpcai.devcluster import SEPARATE
@@ -209,22 +207,8 @@ def test_token_never_on_a_command_line_or_in_scontrol(hub: Hub) -> None:
     hub.stop_server()
 
 
-@contextlib.contextmanager
-def _every_gpu_held(tmp_path: Path) -> Iterator[None]:
-    """A job holding every GPU of both nodes while the block runs; a server's job waits behind it."""
-    release = tmp_path / "release"
-    blocker = slurm.sbatch(["-N2", "--gpus-per-node=4", "--partition=debug", f"--output={tmp_path}/b.out",
-                            "--wrap", f"while [ ! -e {release} ]; do sleep 0.2; done"])
-    try:
-        wait_until(lambda: slurm.job_info(blocker)["JobState"] == "RUNNING", timeout=60, what="the blocker job")  # type: ignore[index]
-        yield
-    finally:
-        release.touch()
-        subprocess.run(["scancel", str(blocker)], timeout=30, check=False)
-
-
 def test_pending_job_shows_the_reason(hub: Hub, tmp_path: Path) -> None:
-    with _every_gpu_held(tmp_path):
+    with every_gpu_held(tmp_path):
         hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)"})
         messages = _progress_messages(hub, until="[Resources]")
         pending = next(m for m in messages if "is pending" in m)
@@ -242,7 +226,7 @@ def test_a_start_cut_off_by_a_hub_restart_leaves_no_job_behind(hub: Hub, tmp_pat
     """The hub is killed while a server's job waits in the queue: the restarted hub cancels that job as it starts
     (it does not wait out http_timeout for a server no hub waits for, nor leave the job to run unseen until its
     walltime); asked again, the server gets one job."""
-    with _every_gpu_held(tmp_path):
+    with every_gpu_held(tmp_path):
         hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)"})
         first = wait_until(lambda: _user_jobs() or None, timeout=60, what="the server's job")[0]
         hub.kill()

@@ -4,7 +4,7 @@ batchspawner's own handler at that path (registered by ``import batchspawner``) 
 the request body on the spawner, so a user's server could set ``exec_prefix``, ``batch_cancel_cmd`` or
 another user's ``job_id`` and have the root hub run it. This module takes that handler out of the hub's
 handlers and puts this one at the same path: batchspawner-singleuser still sends ``{"port": N}`` there, and
-that is all it accepts: a port from 1 to 65535, from the server's own token, while its start is pending and
+that is all it accepts: a port from 1024 to 65535, from the server's own token, while its start is pending and
 no port is set. Anything else is refused with 400 and the reason; the log names the user, never the body.
 """
 
@@ -22,13 +22,14 @@ PATH = r"/api/batchspawner"
 
 
 def checked_port(body: object) -> int:
-    """The body's port: exactly ``{"port": N}``, N a whole number from 1 to 65535; else 400 with the reason."""
+    """The body's port: exactly ``{"port": N}``, N a whole number from 1024 to 65535; else 400 with the reason."""
     if not isinstance(body, dict) or set(body) != {"port"}:
         got = f"{len(body)} keys" if isinstance(body, dict) else type(body).__name__  # never the body's own text
         raise web.HTTPError(400, f'send {{"port": N}} and nothing else (got {got})')
     port = body["port"]
-    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
-        raise web.HTTPError(400, "the port must be a whole number from 1 to 65535")
+    if not isinstance(port, int) or isinstance(port, bool) or not 1024 <= port <= 65535:
+        # the proxy and the hub connect to it: never a node's privileged service
+        raise web.HTTPError(400, "the port must be a whole number from 1024 to 65535")
     return port
 
 

@@ -96,8 +96,8 @@ class Estimates:
     async def _compute(self, user: str, prefix: Sequence[str], profiles: Sequence[Profile],
                        env: Mapping[str, str]) -> dict[str, Estimate]:
         loop = asyncio.get_running_loop()
-        try:
-            answers = await asyncio.gather(*(loop.run_in_executor(POOL, estimate, prefix, p, env) for p in profiles))
+        try:  # a user's profiles one after another, in one of the pool's threads: a user holds one at most
+            answers = await loop.run_in_executor(POOL, lambda: [estimate(prefix, p, env) for p in profiles])
             found = dict(zip((p.name for p in profiles), answers))
             self._cache[user] = (time.monotonic(), found)
             return found
@@ -105,7 +105,7 @@ class Estimates:
             self._pending.pop(user, None)
 
 
-# the estimates' own threads: a form storm's sbatch --test-only never holds the default pool, where the hub's
-# job-state query and the spawners' other blocking calls run
+# the estimates' own threads, one per user at most: a form storm's sbatch --test-only never holds the default pool,
+# where the hub's job-state query and the spawners' other blocking calls run, and no user holds all of these
 POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hpcai-estimates")
 ESTIMATES = Estimates()

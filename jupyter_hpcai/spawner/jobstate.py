@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -158,3 +158,4 @@ class SubmitQueue:
 
 JOB_STATES = JobStates()
 SUBMITS = SubmitQueue()
+USER_TURNS: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)  # user name -> held while one of theirs submits

@@ -217,7 +217,9 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             self._options, self._profile = await asyncio.to_thread(self._validate, self.user_options or {})
         except OptionsError as err:
             raise _refused(400, err) from None
-        async with jobstate.SUBMITS.slot(self, self.max_concurrent_submits):  # a storm never forks hundreds at once
+        # a user's starts submit one at a time (a user's own sbatch, stopped or stalled, holds one slot at most), and
+        # a storm never forks hundreds at once
+        async with jobstate.USER_TURNS[self.user.name], jobstate.SUBMITS.slot(self, self.max_concurrent_submits):
             test = " ".join([self.exec_prefix.format(username=self.user.name), "sbatch --test-only"])
             try:
                 await self.run_command(test, input=await asyncio.to_thread(self.job_script), env=self.get_env())
@@ -226,16 +228,16 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
                     f"the scheduler would not run this request: {str(err).removeprefix('sbatch: error: ')}",
                     "pick another partition, fewer nodes or GPUs, or a shorter walltime")) from None
             await self.submit_batch_script()
-        self._remember_job()
         self.follows = ""  # only this job waits for that one; a later start of this server does not
         if not self.job_id:
             raise HPCAIError("sbatch returned no job id", "see the hub log")
         await self._check_owner()
+        self._remember_job()
         while (status := await self.query_job_status()) != JobStatus.RUNNING:
             if status == JobStatus.NOTFOUND:
                 raise HPCAIError(await self._failure_report("ended before it started running"))
             await asyncio.sleep(self.startup_poll_interval)
-        self.ip = self.state_gethost()
+        self.ip = await asyncio.to_thread(self.state_gethost)  # sinfo: off the event loop
         while self.port == 0:  # set when the server reports in through the hub's batchspawner API
             if await self.query_job_status() == JobStatus.NOTFOUND:
                 raise HPCAIError(await self._failure_report("ended before the Jupyter server started"))
@@ -252,10 +254,20 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             return ""
         return lines[0].strip().split(";")[0]
 
+    async def submit_batch_script(self) -> str:
+        """batchspawner's submission without its log lines: they held the environment (the server's token, at debug)
+        and sbatch's output (the user's to write). Logged here: the user and the job id only."""
+        script = await self._get_batch_script()
+        cmd = " ".join([self.exec_prefix.format(username=self.user.name), self.batch_submit_cmd])
+        self.job_id = self.parse_job_id(await self.run_command(cmd, input=script, env=self.get_env()))
+        self.log.info("%s: submitted Slurm job %s", self._log_name, self.job_id or "(none)")
+        return self.job_id
+
     async def _check_owner(self) -> None:
-        """The job the hub will track, cancel and extend is this user's, as Slurm records it."""
+        """The job the hub will track, cancel and extend is this user's, as Slurm records it: an id sbatch's answer
+        names that is another user's job, or no job Slurm knows, is refused."""
         info = await asyncio.to_thread(slurm.job_info, self.job_id)
-        if info is not None and info.get("UserName") != self.user.name:
+        if info is None or info.get("UserName") != self.user.name:
             self.job_id = ""
             raise HPCAIError(f"the job id sbatch answered is not a job of {self.user.name}",
                              "tell the site's admins: the hub's submissions are being tampered with")
@@ -322,9 +334,14 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         self.job_status = f"{state} {info.get('BatchHost', '')}".strip()
         if state in ("RUNNING", "COMPLETING"):
             return JobStatus.RUNNING
-        if state in ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED"):
+        if state in ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED"):
             return JobStatus.PENDING
-        return JobStatus.NOTFOUND
+        if state in slurm.TERMINAL_STATES:
+            return JobStatus.NOTFOUND
+        # STOPPED, SIGNALING, STAGE_OUT, a state this code does not know: the job still holds its nodes, so it is
+        # kept (a user who stops their own job must not make the hub forget it, and leave it running unseen)
+        self.log.warning("%s: job %s is %r; keeping it", self._log_name, self.job_id, state)
+        return JobStatus.UNKNOWN
 
     async def extend(self, seconds: int) -> dict[str, Any]:
         """Add ``seconds`` to the running job's time limit within ``extend_max_walltime`` (the hub runs scontrol:
@@ -334,11 +351,11 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             raise HPCAIError(f"job {self.job_id} is not running ({info.get('JobState', 'gone')})",
                              "only a running notebook job can be extended")
         options, _ = await asyncio.to_thread(self._validate, self.user_options or {})
-        if (info.get("UserName"), info.get("Partition")) != (self.user.name, options.partition):
-            # its owner moved it (scontrol update Partition=, while pending), or it is not this user's job
-            raise HPCAIError(f"job {self.job_id} is not the {options.partition} job of {self.user.name} the hub "
-                             f"submitted (Slurm: {info.get('Partition')}, {info.get('UserName')})",
-                             "only a notebook job as the hub submitted it can be extended")
+        if changed := as_submitted(info, options, self.user.name):
+            # its owner changed it (scontrol update Partition=, NumNodes=, Account= while pending, or a script
+            # swapped in sbatch's stdin), or it is not this user's job: the policy was decided for the job submitted
+            raise HPCAIError(f"job {self.job_id} is not the job the hub submitted for {self.user.name}: "
+                             + "; ".join(changed), "only a notebook job as the hub submitted it can be extended")
         partition, limit = options.partition, slurm.parse_duration(info.get("TimeLimit", "")) or 0
         scheduler = (await self.current_limits()).get(partition)
         wanted = extend.new_limit(self.extend_max_walltime, partition, limit, seconds,
@@ -360,7 +377,8 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
                  + (f", exit code {code}" if code else "")]
         if info.get("StdOut"):
             tail = await self._log_tail(info["StdOut"])
-            lines += [f"Last lines of {info['StdOut']}:", *tail] if tail else []
+            # indented: in the hub's log, where this report lands too, no line the user wrote looks like the hub's own
+            lines += [f"Last lines of {info['StdOut']}:", *(f"  | {line}" for line in tail)] if tail else []
         return "\n".join(lines)
 
     async def _log_tail(self, path: str, lines: int = 15) -> list[str]:
@@ -412,13 +430,26 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             await asyncio.sleep(1)  # until the job ends; JupyterHub stops reading once the server is up
 
 
+def as_submitted(info: dict[str, str], options: SpawnOptions, user: str) -> list[str]:
+    """How Slurm's record of a job differs from the job the hub submitted for ``user`` with ``options`` (its
+    owner, partition, nodes, GPUs per node and account); nothing when it is that job."""
+    wanted = {"owner": user, "partition": options.partition, "nodes": str(options.nodes),
+              "GPUs per node": str(options.gpus_per_node), "account": options.account or info.get("Account", "")}
+    found = {"owner": info.get("UserName", ""), "partition": info.get("Partition", ""),
+             "nodes": info.get("NumNodes", ""), "GPUs per node": str(slurm.gres_gpus(info.get("TresPerNode", ""))),
+             "account": info.get("Account", "")}
+    return [f"{what} {found[what] or '(none)'}, submitted {wanted[what]}" for what in wanted if found[what] != wanted[what]]
+
+
 def _command_env() -> dict[str, str]:
     return {k: os.environ[k] for k in COMMAND_ENV if k in os.environ}
 
 
 def _refused(status: int, err: HPCAIError) -> HTTPError:
     """A request the hub will not run: the REST API answers ``status`` with the reason, the spawn page shows it."""
-    refusal = HTTPError(status, log_message=str(err).replace("%", "%%"))
+    # logged on one line of printable characters: sbatch's words in it are the user's to write
+    logged = " ".join("".join(c if c.isprintable() else " " for c in str(err)).split())
+    refusal = HTTPError(status, log_message=logged.replace("%", "%%"))
     refusal.jupyterhub_message = err.jupyterhub_message  # type: ignore[attr-defined]
     return refusal
 
