@@ -33,6 +33,14 @@ def interface_of(address: str) -> str | None:
     return None
 
 
+def source_address(destination: str) -> str:
+    """This host's address on its route to ``destination`` (an address or a host name): the local end of a UDP
+    socket connected there. Connecting a UDP socket only chooses the route; it sends nothing."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((destination, 9))
+        return str(s.getsockname()[0])
+
+
 def encode_addresses(addresses: Mapping[str, str]) -> str:
     return ",".join(f"{node}={addr}" for node, addr in addresses.items())
 

@@ -7,7 +7,7 @@ import re
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -276,25 +276,71 @@ def kernel_in_job(env: EnvDir, work: Path, sbatch_args: tuple[str, ...] = ("-N2"
                   environ: dict[str, str] | None = None) -> Iterator[JobKernel]:
     """A notebook kernel in ``env`` (through the hpcai-env provisioner), inside a dev-cluster job (the job's
     environment: this process's, updated with ``environ``)."""
-    import sys
+    from jupyter_hpcai import slurm
 
-    from jupyter_hpcai import kernelspec, slurm
-    from jupyter_hpcai.proc import wait_until
-
-    kernelspec.install(open_env(env), prefix=str(work))
     connection = work / "kernel.json"
     job = slurm.sbatch([*sbatch_args, "--time=00:45:00", f"--output={work}/job.out",
-                        "--wrap", f"{Path(sys.executable).parent}/jupyter-kernel --kernel={kernelspec.kernel_name(env)} "
-                                  f"--KernelManager.connection_file={connection} --KernelManager.ip={NODE_ADDRESS}"],
+                        "--wrap", f"{_kernel_command(env, work, connection)} --KernelManager.ip={NODE_ADDRESS}"],
                        env={**os.environ, **(environ or {}), "JUPYTER_PATH": str(work / "share" / "jupyter")})
     try:
-        wait_until(lambda: _whole_json(connection), timeout=300,
-                   what=f"the kernel of job {job} to write its connection file")
-        kernel = JobKernel(connection, job)
-        yield kernel
-        kernel.client.stop_channels()
+        with _connected(connection, lambda: job) as kernel:
+            yield kernel
     finally:
         subprocess.run(["scancel", str(job)], timeout=30, check=False)
+
+
+@contextmanager
+def kernel_beside_job(env: EnvDir, work: Path, salloc_args: tuple[str, ...] = ("-N2", "--ntasks-per-node=2",
+                                                                                  "--gpus-per-node=2")) -> Iterator[JobKernel]:
+    """A notebook kernel in ``env`` on this host, the login node, under ``salloc``: the allocation's variables are
+    set, the kernel is on no node, and only job steps run on the nodes (a login-node JupyterLab, Open OnDemand)."""
+    import shlex
+
+    connection, log = work / "kernel.json", work / "salloc.out"
+    with open(log, "w") as out:
+        salloc = subprocess.Popen(["salloc", *salloc_args, "--time=00:30:00",
+                                   *shlex.split(_kernel_command(env, work, connection))],
+                                  env={**os.environ, "JUPYTER_PATH": str(work / "share" / "jupyter")},
+                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    def granted() -> int:
+        found = re.search(r"Granted job allocation (\d+)", log.read_text())
+        return int(found[1]) if found else 0
+
+    try:
+        with _connected(connection, granted) as kernel:
+            yield kernel
+    finally:
+        if granted():
+            subprocess.run(["scancel", str(granted())], timeout=30, check=False)
+        for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 30)):  # jupyter-kernel may linger on SIGTERM
+            os.killpg(salloc.pid, sig)
+            try:
+                salloc.wait(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def _kernel_command(env: EnvDir, work: Path, connection: Path) -> str:
+    """The command line of a kernel in ``env`` (its kernelspec installed under ``work``) writing ``connection``."""
+    import sys
+
+    from jupyter_hpcai import kernelspec
+
+    kernelspec.install(open_env(env), prefix=str(work))
+    return (f"{Path(sys.executable).parent}/jupyter-kernel --kernel={kernelspec.kernel_name(env)} "
+            f"--KernelManager.connection_file={connection}")
+
+
+@contextmanager
+def _connected(connection: Path, job: Callable[[], int]) -> Iterator[JobKernel]:
+    """A client of the kernel of ``job()``, once it has written ``connection``; its channels stopped after."""
+    from jupyter_hpcai.proc import wait_until
+
+    wait_until(lambda: _whole_json(connection), timeout=300, what="the kernel to write its connection file")
+    kernel = JobKernel(connection, job())
+    yield kernel
+    kernel.client.stop_channels()
 
 
 def _whole_json(path: Path) -> dict | None:  # type: ignore[type-arg]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import JobKernel, kernel_in_job
+from conftest import JobKernel, kernel_beside_job, kernel_in_job
 from jupyter_helpers import wait_for_stream
 from jupyter_hpcai.devcluster import SEPARATE
 
@@ -82,6 +82,32 @@ def test_keras_training_ends_with_identical_weights(world: JobKernel) -> None:
     assert cell.status == "ok", cell.error
     same = world.run("all(w == weights[0] for w in weights) and len(weights) == 4")
     assert same.result == "True"
+
+
+def test_a_kernel_on_the_login_host_under_salloc_trains_on_four_ranks(devcluster, tf_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A kernel beside the allocation, not in it (JupyterLab on the login node, Open OnDemand): the controller
+    listens on this host's address on its route to the nodes, where the ranks on the nodes reach it (loopback,
+    where it listened before, is each node's own)."""
+    with kernel_beside_job(tf_env, tmp_path) as kernel:
+        where = kernel.run("import os\n(os.environ.get('SLURMD_NODENAME'), os.environ['SLURM_JOB_NODELIST'])")
+        assert where.result == "(None, 'n[1-2]')", where  # on no node, in the allocation
+        kernel.run("%load_ext jupyter_hpcai")
+        started = kernel.run("%hpc start -n 4", timeout=300)
+        assert started.status == "ok", started.error
+        listens = kernel.run("import jupyter_hpcai.engines as E\nE.current().listens")
+        assert listens.result == repr(devcluster.login_address), listens
+        cell = kernel.run(KERAS)
+        assert cell.status == "ok", cell.error
+        assert kernel.run("all(w == weights[0] for w in weights) and len(weights) == 4").result == "True"
+        assert kernel.run("%hpc stop").status == "ok"
+        # where it listened before: this host's loopback, which no node reaches; the error says where, and what
+        # the ranks dialled
+        failed = kernel.run("os.environ['HPCAI_CONTROLLER_IP'] = '127.0.0.1'\n"
+                            "E.current().start(n=4, framework=None, timeout=20)", timeout=120)
+        assert failed.status == "error", failed
+        assert re.search(r"the controller listens on 127\.0\.0\.1; the ranks dial tcp://127\.0\.0\.1:\d+", failed.error), \
+            failed.error
+        assert "set HPCAI_CONTROLLER_IP to one they reach" in failed.error, failed.error
 
 
 def test_output_modes_and_push(world: JobKernel) -> None:

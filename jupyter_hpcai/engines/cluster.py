@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import json
 import os
 import shutil
 import signal
@@ -90,13 +91,19 @@ RANK_PHASES = {"process": "srun step start (rank processes exist)", "python": "p
 
 
 def controller_ip(allocation: Allocation | None) -> str:
-    """Where the controller listens: ``HPCAI_CONTROLLER_IP``, else this node's Slurm address, else loopback."""
+    """Where the controller listens: ``HPCAI_CONTROLLER_IP``; in an allocation, this host's address on its route
+    to the allocation's first node, wherever the kernel runs (on a node, on the login node under ``salloc``, in a
+    hub-started server); outside one, loopback (the ranks run on this host)."""
     if os.environ.get("HPCAI_CONTROLLER_IP"):
         return os.environ["HPCAI_CONTROLLER_IP"]
-    node = os.environ.get("SLURMD_NODENAME")
-    if allocation is None or not node:
-        return "127.0.0.1"
-    return slurm.node_address(node)
+    if allocation is None or not allocation.nodes:
+        return network.LOOPBACK
+    first = slurm.node_address(allocation.nodes[0])
+    try:
+        return network.source_address(first)
+    except OSError as err:
+        raise HPCAIError(f"this host has no route to the allocation's first node {allocation.nodes[0]} ({first}): {err}",
+                         "set HPCAI_CONTROLLER_IP to this host's address on the nodes' network") from None
 
 
 class Engines:
@@ -108,6 +115,8 @@ class Engines:
         self.cluster: ipp.Cluster | None = None
         self._client: ipp.Client | None = None
         self.ranks: list[Rank] = []
+        self.listens = ""  # the controller's address, and the file the ranks read it from (set at start)
+        self.connection_file: Path | None = None
         self.framework: str | None = None  # initialised on every rank
         self.warm: str | None = None  # initialised by the ranks as they boot
         self.versions: dict[int, dict[str, Any]] = {}
@@ -173,8 +182,9 @@ class Engines:
         cluster_id = f"hpcai-{self.job}-{os.getpid()}-{next(_start_ids)}"  # never a previous start's files
         config = Config()
         config.RankSetLauncher.launcher = layout.launcher
+        self.listens = controller_ip(self.allocation)
         self.cluster = cluster = ipp.Cluster(
-            n=layout.n, engine_launcher_class=RankSetLauncher, controller_ip=controller_ip(self.allocation),
+            n=layout.n, engine_launcher_class=RankSetLauncher, controller_ip=self.listens,
             cluster_id=cluster_id, config=config, engine_timeout=int(timeout), log_level=40,
             controller_args=CONTROLLER_ARGS, send_engines_connection_env=False,
             shutdown_atexit=self.allocation is None)
@@ -182,7 +192,8 @@ class Engines:
         # command names it, so it is set once the cluster knows its profile (the engine set reads the cluster's config)
         self.folder = listing.create_set_folder(Path(cluster.profile_dir), cluster_id)
         cluster.config.RankSetLauncher.command = self.command(layout, self.folder)
-        connection_file = Path(cluster.profile_dir) / "security" / f"ipcontroller-{cluster_id}-engine.json"
+        self.connection_file = connection_file = (Path(cluster.profile_dir) / "security"
+                                                  / f"ipcontroller-{cluster_id}-engine.json")
         self.layout, self.warm = layout, warm
         self._write_rank_table()  # owned from the start: another kernel's start leaves a starting set alone
         cluster.start_controller_sync()
@@ -199,7 +210,7 @@ class Engines:
         except (RuntimeError, TimeoutError) as err:
             said = launcher_said(_output(cluster.controller)) if cluster.controller else ""
             raise HPCAIError(f"the ipyparallel controller could not start on {os.environ.get('SLURMD_NODENAME') or 'this host'}"
-                             f" (listening on {controller_ip(self.allocation)}): {err}" + (f"\nit said:\n{said}" if said else ""),
+                             f" (listening on {self.listens}): {err}" + (f"\nit said:\n{said}" if said else ""),
                              "check HPCAI_CONTROLLER_IP (an address of this node, or unset), then %hpc start again") from None
         timeline.mark("controller up")
         registered = self._wait_for_engines(layout.n, timeout, progress)
@@ -276,15 +287,26 @@ class Engines:
                 progress(len(seen), n)
             if any(_exited(launcher) for launcher in self.cluster.engines.values()):
                 said = self.launcher_report(wait=0)
-                raise HPCAIError(f"the engine launcher exited before {n} engines registered:\n{said}",
-                                 "check the allocation (squeue) and that the env runs on every node")
+                raise HPCAIError(f"the engine launcher exited before {n} engines registered ({self.dialled()}):\n{said}",
+                                 "check the allocation (squeue), that the env runs on every node, and that the nodes "
+                                 "reach that address (else set HPCAI_CONTROLLER_IP to one they reach)")
             if time.monotonic() > deadline:
-                raise HPCAIError(f"only {len(seen)} of {n} engines registered within {timeout:g} s",
-                                 "the nodes may be slow to start python; try again with a longer timeout")
+                raise HPCAIError(f"only {len(seen)} of {n} engines registered within {timeout:g} s ({self.dialled()})",
+                                 "the nodes may be slow to start python (try again with a longer timeout), or may not "
+                                 "reach that address (set HPCAI_CONTROLLER_IP to one they reach)")
             time.sleep(0.02)
         if progress:
             progress(n, n)
         return seen
+
+    def dialled(self) -> str:
+        """Where the controller listens and the address the ranks dial (from the connection file they read)."""
+        try:
+            info = json.loads(self.connection_file.read_text()) if self.connection_file else {}
+            dial = f"{info['interface']}:{info['registration']}"
+        except (OSError, ValueError, KeyError):
+            dial = "(no connection file yet)"
+        return f"the controller listens on {self.listens}; the ranks dial {dial}"
 
     def _rank_table(self) -> tuple[list[Rank], dict[int, dict[str, Any]], list[dict[str, float]], set[str | None]]:
         """One round trip: who each engine is, the versions the preflight compares, its boot timeline, and the
