@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -22,6 +23,8 @@ from .envs.preflight import preflight
 from .errors import HPCAIError
 
 console = Console(soft_wrap=True)  # long paths and messages stay on one line
+if not console.is_terminal:  # a pipe or a file: tables as wide as their cells, no name cut at 80 columns
+    console.width = 1_000_000
 
 
 def esc(value: object) -> str:
@@ -35,6 +38,26 @@ def _say(line: str) -> None:
     console.print(line, highlight=False, markup=False)
 
 
+def _emit(as_json: bool, data: object, *shown: RenderableType) -> None:
+    """A command's result: ``data`` as one JSON document on stdout (--json), else ``shown`` (tables, lines)."""
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    for part in shown:
+        console.print(part)
+
+
+def _messages_to_stderr(ctx: click.Context, param: click.Parameter, as_json: bool) -> bool:
+    """With --json stdout holds the JSON document alone: every message (notes, warnings, errors) goes to stderr."""
+    if as_json:
+        console.file = sys.stderr
+    return as_json
+
+
+json_option = click.option(
+    "--json", "as_json", is_flag=True, callback=_messages_to_stderr,
+    help="Print one JSON document on stdout (keys above) and nothing else; messages and errors go to stderr.",
+)
 state_dir_option = click.option(
     "--state-dir", type=click.Path(path_type=Path), default=None,
     help="Where the dev cluster keeps its files [default: $HPCAI_DEVCLUSTER_DIR or /var/lib/hpcai/devcluster].",
@@ -80,9 +103,15 @@ def devcluster_up(nodes: int, gpus_per_node: int, port: int, single_host: bool, 
 
 @devcluster.command("status")
 @state_dir_option
-def devcluster_status(state_dir: Path | None) -> None:
-    """Show the daemons and the nodes."""
-    _show_status(DevCluster.load(state_dir))
+@json_option
+def devcluster_status(state_dir: Path | None, as_json: bool) -> None:
+    """Show the daemons and the nodes.
+
+    With --json: one object with keys state_dir, conf, running (true when every daemon runs), mode and note
+    (null before the first up), login_address, daemons (a list of {name, pid}; pid null when not running) and
+    nodes (a list of {name, address, state, partitions, cpus, gpus, usable}; empty while slurmctld is down).
+    """
+    _show_status(DevCluster.load(state_dir), as_json)
 
 
 @devcluster.command("env")
@@ -101,20 +130,26 @@ def devcluster_down(state_dir: Path | None) -> None:
     console.print("dev cluster stopped")
 
 
-def _show_status(cluster: DevCluster) -> None:
+def _show_status(cluster: DevCluster, as_json: bool = False) -> None:
     status = cluster.status()
     daemons = Table("daemon", "pid", title=f"dev cluster in {esc(status.state_dir)}")
     for name, pid in status.daemons.items():
         daemons.add_row(esc(name), str(pid) if pid else "[red]not running[/]")
-    console.print(daemons)
-    if status.nodes:
-        nodes = Table("node", "address", "state", "partitions", "cpus", "gpus",
-                      title=f"{esc(status.mode)}; login node {esc(status.login_address)}")
-        for n in status.nodes:
-            colour = "green" if n.usable else "red"
-            nodes.add_row(esc(n.name), esc(status.addresses.get(n.name, "")), f"[{colour}]{esc(n.state)}[/]",
-                          esc(",".join(n.partitions)), str(n.cpus), str(n.gpus))
-        console.print(nodes)
+    nodes = Table("node", "address", "state", "partitions", "cpus", "gpus",
+                  title=f"{esc(status.mode)}; login node {esc(status.login_address)}")
+    for n in status.nodes:
+        colour = "green" if n.usable else "red"
+        nodes.add_row(esc(n.name), esc(status.addresses.get(n.name, "")), f"[{colour}]{esc(n.state)}[/]",
+                      esc(",".join(n.partitions)), str(n.cpus), str(n.gpus))
+    data = {
+        "state_dir": str(status.state_dir), "conf": str(status.conf), "running": all(status.daemons.values()),
+        "mode": status.mode or None, "note": status.note or None, "login_address": status.login_address,
+        "daemons": [{"name": name, "pid": pid} for name, pid in status.daemons.items()],
+        "nodes": [{"name": n.name, "address": status.addresses.get(n.name), "state": n.state,
+                   "partitions": list(n.partitions), "cpus": n.cpus, "gpus": n.gpus, "usable": n.usable}
+                  for n in status.nodes],
+    }
+    _emit(as_json, data, daemons, *([nodes] if status.nodes else []))
 
 
 @cli.group()
@@ -217,17 +252,24 @@ def _build_in_job(request: BuildRequest, store: EnvStore, partition: str) -> Non
 
 @env.command("preflight")
 @click.argument("recipe", type=click.Path(dir_okay=False, path_type=Path))
-def env_preflight(recipe: Path) -> None:
-    """Check the compiler, CMake, MPI, CUDA/NCCL and GPUs the recipe's build needs, here."""
+@json_option
+def env_preflight(recipe: Path, as_json: bool) -> None:
+    """Check the compiler, CMake, MPI, CUDA/NCCL and GPUs the recipe's build needs, here.
+
+    With --json: one object with keys facts (node, job_id, partition, gpus, compiler, cmake, mpi, mpicc, cuda;
+    null where not found), warnings (a list of strings), problems (a list of {problem, fix}) and passed (true
+    when there is no problem); with problems it exits 1 after printing it.
+    """
     checked = preflight(load_recipe(recipe))
     table = Table("fact", "value", title="toolchain on this node")
     for key, value in checked.facts.items():
         table.add_row(esc(key), esc(value if value not in (None, []) else "-"))
-    console.print(table)
-    for warning in checked.warnings:
-        console.print(f"[yellow]warning:[/] {esc(warning)}")
+    data = {"facts": checked.facts, "warnings": checked.warnings,
+            "problems": [{"problem": what, "fix": fix} for what, fix in checked.problems],
+            "passed": not checked.problems}
+    _emit(as_json, data, table, *(f"[yellow]warning:[/] {esc(w)}" for w in checked.warnings),
+          *([] if checked.problems else ["[green]preflight passed[/]"]))
     checked.raise_for_problems()
-    console.print("[green]preflight passed[/]")
 
 
 @env.command("import-container")
@@ -250,46 +292,63 @@ def env_import_container(source: str, name: str, mode: str | None, python: str, 
 
 
 @env.command("list")
-def env_list() -> None:
-    """List the environments of every root (yours first, then the site's) and their current builds."""
+@json_option
+def env_list(as_json: bool) -> None:
+    """List the environments of every root (yours first, then the site's) and their current builds.
+
+    With --json: a list with one object per env, keys name, scope ("user" or "site"), root (the folder of
+    envs it is in), kind ("conda", "venv" or "container"), build (the current build's id), python, packages
+    (a summary) and note (shadowing, or why it cannot be opened); null where unknown or none.
+    """
     store = EnvStore()
     where = ", ".join(f"{r.path} ({r.scope})" for r in store.roots)
     table = Table("name", "where", "kind", "build", "python", "packages", "note", title=f"environments in {esc(where)}")
+    rows: list[dict[str, str | None]] = []
     seen: set[str] = set()
     for env_dir in store.list():
-        note = "shadowed by yours" if env_dir.name in seen else ""
+        note = "shadowed by yours" if env_dir.name in seen else None
         if not note and store.shadowed(env_dir):
             note = "shadows the site's"
         seen.add(env_dir.name)
         try:
-            described = open_env(env_dir).describe()
+            described = {k: None if v == "-" else v for k, v in open_env(env_dir).describe().items()}
         except HPCAIError as err:
-            described, note = {"kind": "?", "python": "-", "packages": "-"}, err.message
+            described, note = {}, err.message
         build = env_dir.current()
-        table.add_row(*map(esc, (env_dir.name, env_dir.scope, described["kind"], build.id if build else "-",
-                                 described["python"], described["packages"], note)))
-    console.print(table)
+        row = {"name": env_dir.name, "scope": env_dir.scope, "root": str(env_dir.root.path),
+               "kind": described.get("kind"), "build": build.id if build else None,
+               "python": described.get("python"), "packages": described.get("packages"), "note": note}
+        rows.append(row)
+        cells = [row[k] for k in ("name", "scope", "kind", "build", "python", "packages")]
+        table.add_row(*(esc("-" if c is None else c) for c in cells), esc(note or ""))
+    _emit(as_json, rows, table)
 
 
 @env.command("check")
 @click.argument("name")
-def env_check(name: str) -> None:
-    """Run the env again (its verify steps, or its container) and warn where this node differs from its build's."""
+@json_option
+def env_check(name: str, as_json: bool) -> None:
+    """Run the env again (its verify steps, or its container) and warn where this node differs from its build's.
+
+    With --json: one object with keys name, scope ("user" or "site"), root (the folder of envs it is in), build
+    (the current build's id), passed (the steps that passed), warnings and shadows (the folders of the envs of
+    the same name it hides), each a list of strings; a failed step exits 1 with the error on stderr.
+    """
     store = EnvStore()
     target = store.get(name)
     checked = target.check()
-    for step in checked.passed:
-        console.print(f"[green]✓[/] {esc(step)}")
-    for warning in checked.warnings:
-        console.print(f"[yellow]warning:[/] {esc(warning)}")
-    _say_shadowing(store, target.dir)
-    console.print(f"env '{esc(name)}' ({esc(target.dir.scope)}, {esc(target.dir.root.path)}) is OK")
+    hidden = store.shadowed(target.dir)
+    data = {"name": name, "scope": target.dir.scope, "root": str(target.dir.root.path), "build": target.build.id,
+            "passed": checked.passed, "warnings": checked.warnings, "shadows": [str(h.root.path) for h in hidden]}
+    _emit(as_json, data, *(f"[green]✓[/] {esc(step)}" for step in checked.passed),
+          *(f"[yellow]warning:[/] {esc(w)}" for w in checked.warnings), *_shadowing(target.dir, hidden),
+          f"env '{esc(name)}' ({esc(target.dir.scope)}, {esc(target.dir.root.path)}) is OK")
 
 
-def _say_shadowing(store: EnvStore, env_dir: EnvDir) -> None:
-    for hidden in store.shadowed(env_dir):
-        console.print(f"[yellow]note:[/] your env '{esc(env_dir.name)}' shadows the {esc(hidden.scope)} env of the "
-                      f"same name in {esc(hidden.root.path)}")
+def _shadowing(env_dir: EnvDir, hidden: list[EnvDir]) -> list[str]:
+    """A note for each env of the same name that ``env_dir`` hides."""
+    return [f"[yellow]note:[/] your env '{esc(env_dir.name)}' shadows the {esc(h.scope)} env of the same name in "
+            f"{esc(h.root.path)}" for h in hidden]
 
 
 @env.command("remove")
@@ -316,7 +375,8 @@ def kernel_install(name: str, display_name: str | None, user: bool, prefix: str 
     system kernelspec) for a site env, for you alone for yours."""
     store = EnvStore()
     target = store.get(name)
-    _say_shadowing(store, target.dir)
+    for note in _shadowing(target.dir, store.shadowed(target.dir)):
+        console.print(note)
     path = kernelspec.install(target, display_name=display_name, user=user or None, prefix=prefix)
     console.print(f"kernel installed: {esc(path)}")
 
