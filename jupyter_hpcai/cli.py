@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import kernelspec
+from . import joblog, kernelspec
 from .devcluster import DevCluster
 from .envs import BuildRequest, EnvDir, EnvStore, Event, load_recipe, open_env, remote
 from .envs.container import import_container
@@ -517,6 +517,21 @@ def bench_overhead(env_name: str, partition: str | None, nodes: int, gpus_per_no
                            breakdown=breakdown)
     if code:
         raise HPCAIError(f"the overhead job failed (exit status {code})", "see its output above")
+
+
+@cli.command()
+@click.argument("job", required=False)
+@click.option("--follow", "-f", is_flag=True, help="Go on printing what the job writes until it ends.")
+@click.option("--dir", "folder", type=click.Path(file_okay=False, path_type=Path), default=joblog.DEFAULT_DIR,
+              show_default=True, help="Where the hub's jobs write their logs (the site's HPCSlurmSpawner.job_log_dir).")
+def logs(job: str | None, follow: bool, folder: Path) -> None:
+    """Print the log of your latest notebook server job, or of JOB (its path first, on stderr)."""
+    path = joblog.find(folder, job)
+    click.echo(f"==> {path} <==", err=True)
+    if follow:
+        joblog.follow(path, lambda text: click.echo(text, nl=False))
+    else:
+        click.echo(path.read_text(errors="replace"), nl=False)
 
 
 @cli.command()

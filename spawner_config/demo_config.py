@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-import jupyter_hpcai.spawner  # noqa: F401  registers the hub's API handlers: our /hub/api/batchspawner (a port, nothing else; batchspawner's own is taken out), extend, continue
+import jupyter_hpcai.spawner  # registers the hub's API handlers: our /hub/api/batchspawner (a port, nothing else; batchspawner's own is taken out), extend, continue
 
 from jupyter_hpcai.devcluster import DevCluster
 
@@ -79,3 +79,6 @@ c.HPCSlurmSpawner.max_concurrent_submits = int(os.environ.get("HPCAI_MAX_CONCURR
 c.JupyterHub.allow_named_servers = True
 # as the site template: each user's named servers at most (a pending start counts against concurrent_spawn_limit)
 c.JupyterHub.named_server_limit_per_user = 5
+
+# Last: stop here on a batchspawner setting HPCSlurmSpawner does not use (it names it and what to use instead).
+jupyter_hpcai.spawner.compat.check(c)

@@ -5,7 +5,7 @@ Run the hub as root (or a user allowed to `sudo -u <user> sbatch`) on a host tha
 
 import sys
 
-import jupyter_hpcai.spawner  # noqa: F401  registers the hub's API handlers: our /hub/api/batchspawner (a port, nothing else; batchspawner's own is taken out), extend, continue
+import jupyter_hpcai.spawner  # registers the hub's API handlers: our /hub/api/batchspawner (a port, nothing else; batchspawner's own is taken out), extend, continue
 
 c = get_config()  # noqa: F821
 
@@ -35,6 +35,15 @@ c.Spawner.default_url = "/lab"
 c.Spawner.env_keep = ["PATH", "LANG", "LC_ALL", "HPCAI_ENV_PATH", "HPCAI_CONFIG"]
 c.Spawner.start_timeout = 900  # queues can be long; the spawn page shows why a job waits
 c.Spawner.poll_interval = 30
+# Job logs: ~/.hpcai/logs/jupyterhub-JOBID.log (0600), each job deleting its user's logs older than 14 days.
+# c.HPCSlurmSpawner.job_log_dir = ".hpcai/logs"
+# c.HPCSlurmSpawner.job_log_max_age = 14
+# batchspawner's settings that reach every job: req_memory (--mem), req_qos (--qos), req_reservation
+# (--reservation), req_options (more #SBATCH options), req_prologue and req_epilogue (shell lines before and after
+# the server), req_keepvars_extra (more variables passed), exec_prefix, batch_submit_cmd, batch_cancel_cmd. The
+# others (batch_script, req_partition, req_runtime, req_srun, ...) stop the hub with what to use instead.
+# c.HPCSlurmSpawner.req_qos = "interactive"
+# c.HPCSlurmSpawner.req_prologue = "module load cuda/12.4"
 
 # EDIT: profiles are starting points; users adjust nodes, GPUs, walltime, account and env within limits.
 c.HPCSlurmSpawner.profiles = [
@@ -63,3 +72,6 @@ c.JupyterHub.named_server_limit_per_user = 5
 # Environments offered in the form: left unset, every env the admins built into the site roots
 # (`hpcai env build RECIPE --site`; HPCAI_ENV_PATH or [envs] site_roots in /etc/jupyter-hpcai/config.toml).
 # c.HPCSlurmSpawner.environments = {"tf-horovod-nccl": "TensorFlow 2.15 + Horovod (NCCL)"}
+
+# Last: stop here on a batchspawner setting HPCSlurmSpawner does not use (it names it and what to use instead).
+jupyter_hpcai.spawner.compat.check(c)

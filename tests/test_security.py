@@ -37,6 +37,7 @@ from jupyter_hpcai.proc import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 BIN = Path(sys.executable).parent
+LOGS = Path(".hpcai/logs")  # the demo hub's job log folder, in the user's home
 
 
 def _chown(path: Path, user: str) -> None:
@@ -111,7 +112,9 @@ def _failed_spawn(hub: Hub, target: Path) -> Spawned:
     home, entry = _home(USER), pwd.getpwnam(USER)
     config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30).stdout
     next_id = int(re.search(r"NEXT_JOB_ID\s*=\s*(\d+)", config).group(1))  # type: ignore[union-attr]
-    links = [home / f"jupyterhub_slurmspawner_{n}.log" for n in range(next_id, next_id + 5)]
+    made = as_user(USER, "mkdir", "-p", "-m", "700", str(home / LOGS))
+    assert made.returncode == 0, made.stderr
+    links = [home / LOGS / f"jupyterhub-{n}.log" for n in range(next_id, next_id + 5)]
     for link in links:
         link.unlink(missing_ok=True)
         link.symlink_to(target)
@@ -288,7 +291,7 @@ def test_bob_cannot_read_alices_files(alice: dict, bob: str) -> None:  # type: i
     files = {"kernel connection file": alice["connection"],
              **{f"ipyparallel file {Path(f).name}": f for f in alice["cluster_files"]},
              **{f"engine set file {Path(f).name} (rank output, rank table)": f for f in alice["set_files"]},
-             "job log": str(_home(USER) / f"jupyterhub_slurmspawner_{alice['job']}.log")}
+             "job log": str(_home(USER) / LOGS / f"jupyterhub-{alice['job']}.log")}
     for what, path in files.items():
         mode = stat.S_IMODE(os.stat(path).st_mode)
         read = as_user(bob, "cat", "--", path)
@@ -388,7 +391,7 @@ def test_alices_token_is_nowhere_bob_can_look(alice: dict, hub: Hub, bob: str, d
     debug = sum(line.startswith("[D ") for line in Path(hub.log).read_text(errors="replace").splitlines())
     assert debug, "the tests' hub logs at DEBUG (batchspawner's submission logged the job's environment there)"
     for what, path in ((f"the hub's log ({debug} DEBUG lines)", hub.log),
-                       ("alice's job log", _home(USER) / f"jupyterhub_slurmspawner_{alice['job']}.log")):
+                       ("alice's job log", _home(USER) / LOGS / f"jupyterhub-{alice['job']}.log")):
         attack(f"alice's hub token written to {what}", token not in Path(path).read_text(errors="replace"),
                f"{Path(path).stat().st_size} bytes read by root, no token")
 

@@ -7,7 +7,10 @@ import json
 import os
 import pwd
 import re
+import stat
 import subprocess
+import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -15,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hub_helpers import USER, Hub, every_gpu_held
+from hub_helpers import USER, Hub, as_user, every_gpu_held
 from jupyter_helpers import Server, execute
 from jupyter_hpcai import slurm
 from jupyter_hpcai.devcluster import SEPARATE
@@ -179,6 +182,41 @@ def test_rest_spawn_two_nodes_one_server(hub: Hub, devcluster) -> None:  # type:
                and b"jupyterhub-singleuser" in _read(p / "cmdline")]
     assert len(servers) == 1, "exactly one Jupyter server for a 2-node job"
     hub.stop_server()
+
+
+def test_job_logs_are_private_pruned_and_printed_by_hpcai_logs(hub: Hub) -> None:
+    """A server's job writes its log to ~/.hpcai/logs (0700, the log 0600), never beside the user's notebooks;
+    it deletes the user's logs older than job_log_max_age (14 days), only those; `hpcai logs` prints the latest."""
+    home = Path(pwd.getpwnam(USER).pw_dir)
+    logs = home / ".hpcai" / "logs"
+    made = as_user(USER, "sh", "-c", f"mkdir -p {logs} && touch -d '30 days ago' {logs}/jupyterhub-1.log "
+                                     f"{logs}/notes.txt && touch -d '2 days ago' {logs}/jupyterhub-2.log")
+    assert made.returncode == 0, made.stderr
+    hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)"})
+    try:
+        hub.wait_ready()
+        job = _job_of_user()["JobId"]
+        log = logs / f"jupyterhub-{job}.log"
+        assert log.is_file() and stat.S_IMODE(log.stat().st_mode) == 0o600 and stat.S_IMODE(logs.stat().st_mode) == 0o700
+        assert not list(home.glob(f"*{job}*")), "no log of this job beside the user's notebooks"
+        kept = {p.name for p in logs.iterdir()}
+        assert "jupyterhub-1.log" not in kept and {log.name, "jupyterhub-2.log", "notes.txt"} <= kept, kept
+        hpcai = [f"HOME={home}", str(Path(sys.executable).parent / "hpcai"), "logs"]
+        for argv in ([], [job]):
+            shown = as_user(USER, *hpcai, *argv)
+            assert shown.returncode == 0 and shown.stdout and log.read_text().startswith(shown.stdout), shown
+            assert shown.stderr.strip() == f"==> {log} <==", shown.stderr
+        missing = as_user(USER, *hpcai, "999999")
+        assert missing.returncode == 1 and "no log of job 999999" in missing.stdout and "hint:" in missing.stdout, missing
+        stopper = threading.Timer(3, hub.stop_server)
+        stopper.start()
+        followed = as_user(USER, *hpcai, "--follow", timeout=120)  # returns once the job has ended
+        stopper.join()
+        assert followed.returncode == 0 and followed.stdout.startswith(shown.stdout), followed
+        assert log.read_text().startswith(followed.stdout), "what it followed is the log, as far as it was written"
+    finally:
+        if hub.server(USER) is not None:
+            hub.stop_server()
 
 
 def _read(path: Path) -> bytes:

@@ -9,7 +9,7 @@ from .options import Profile, SpawnOptions
 
 TEMPLATE = """#!/bin/bash
 #SBATCH --job-name=jupyterhub-{user}
-#SBATCH --output={homedir}/jupyterhub_slurmspawner_%j.log
+#SBATCH --output={logdir}/jupyterhub-%j.log
 #SBATCH --chdir={homedir}
 #SBATCH --export={keepvars}
 #SBATCH --partition={partition}
@@ -18,7 +18,7 @@ TEMPLATE = """#!/bin/bash
 {gpus}#SBATCH --time={walltime}
 {account}{signal}{after}{extra}
 set -euo pipefail
-# --export above limits what reaches the job; steps started inside it (srun, the engines) must get the
+{prune}# --export above limits what reaches the job; steps started inside it (srun, the engines) must get the
 # whole environment of the process that starts them again.
 unset SLURM_EXPORT_ENV
 # One Jupyter server, on the first node of the job; every node and GPU stays free for the
@@ -51,7 +51,7 @@ while true; do
   wait "$server" || status=$?
   kill -0 "$server" 2>/dev/null || break
 done
-exit "$status"
+{epilogue}exit "$status"
 """
 # The walltime guard: the trap writes the time of Slurm's signal down in the job's folder.
 SIGNAL_TRAP = """# Slurm signals this shell {warning} s before the walltime (--signal=B:USR1@{warning}).
@@ -59,6 +59,10 @@ export HPCAI_WALLTIME_WARNING={warning}
 trap '{{ date +%s > "$HPCAI_JOB_STATE/.walltime" && mv -f "$HPCAI_JOB_STATE/.walltime" "$HPCAI_JOB_STATE/walltime"; }} || true' USR1
 """
 JOB_STATE = ".hpcai/jobs"  # under the user's home: what every node of a cluster sees"
+LOG_NAME = "jupyterhub-%j.log"  # in the job log folder (HPCSlurmSpawner.job_log_dir): Slurm puts the job id for %j
+# The job (as its user) deletes its older logs: a server started each day leaves a few weeks of them at most.
+PRUNE = """find {logdir} -maxdepth 1 -name 'jupyterhub-*.log' -mtime +{days} -delete 2>/dev/null || true
+"""
 
 # The hub passes the server's address in JUPYTERHUB_SERVICE_URL; where it left the host out, the server listens
 # on its node's address as Slurm knows it (NodeAddr), which is where the hub connects.
@@ -69,24 +73,30 @@ export JUPYTERHUB_SERVICE_URL="${JUPYTERHUB_SERVICE_URL%%://*}://${node_addr}:0$
 
 
 def render(options: SpawnOptions, profile: Profile, *, user: str, homedir: str, keepvars: str, cmd: Sequence[str],
-           prologue: str = "", bind_node_address: bool = True, walltime_warning: int = 0, after: str = "") -> str:
+           logdir: str, log_days: int = 0, site_options: Sequence[str] = (), prologue: str = "", epilogue: str = "",
+           bind_node_address: bool = True, walltime_warning: int = 0, after: str = "") -> str:
     """The batch script. Options were validated; quoting still guards every value that reaches a shell line.
+    ``logdir``: the folder of the job's log; ``log_days``: the job deletes its logs there older than that (0: none).
+    ``site_options``: the admin's #SBATCH options for every job (a profile's extra_sbatch come after them);
+    ``prologue``/``epilogue``: the admin's shell lines before the server starts and after it ends.
     ``bind_node_address``: the server listens on its node's Slurm address (else where the hub's URL says).
     ``walltime_warning``: seconds before the walltime at which Slurm signals the job (0: never); at most half
     the walltime. ``after``: a job this one starts after (its follow-up, %hpc continue), once that ends."""
     tasks = max(1, options.gpus_per_node)
     warning = min(walltime_warning, options.walltime_seconds // 2)
     run = SUPERVISED.format(state=shlex.quote(f"{homedir}/{JOB_STATE}"), cmd=shlex.join(cmd),
-                            signal_trap=SIGNAL_TRAP.format(warning=warning) if warning else "")
+                            signal_trap=SIGNAL_TRAP.format(warning=warning) if warning else "",
+                            epilogue=f"{epilogue}\n" if epilogue else "")
     return TEMPLATE.format(
         user=_sbatch_word(user), homedir=_sbatch_word(homedir), keepvars=_sbatch_word(keepvars),
+        logdir=_sbatch_word(logdir), prune=PRUNE.format(logdir=shlex.quote(logdir), days=int(log_days)) if log_days else "",
         partition=options.partition, nodes=options.nodes, tasks_per_node=tasks,
         gpus=f"#SBATCH --gpus-per-node={options.gpus_per_node}\n" if options.gpus_per_node else "",
         walltime=options.walltime,
         account=f"#SBATCH --account={options.account}\n" if options.account else "",
         signal=f"#SBATCH --signal=B:USR1@{warning}\n" if warning else "",
         after=f"#SBATCH --dependency=afterany:{int(after)}\n" if after else "",
-        extra="".join(f"#SBATCH {opt}\n" for opt in profile.extra_sbatch),
+        extra="".join(f"#SBATCH {opt}\n" for opt in (*site_options, *profile.extra_sbatch)),
         environment=shlex.quote(options.environment), bind=BIND_NODE_ADDRESS if bind_node_address else "",
         prologue=prologue, run=run,
     )

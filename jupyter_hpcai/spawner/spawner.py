@@ -19,7 +19,7 @@ from traitlets import Bool, Dict, Float, Integer, List, Set, Unicode, default
 from .. import slurm
 from ..envs import EnvStore, open_env
 from ..errors import HPCAIError
-from . import estimates, extend, form, jobstate, script
+from . import compat, estimates, extend, form, jobstate, script
 from .options import Limit, OptionsError, Profile, SpawnOptions, merge_limits, validate
 from .progress import pending_message
 
@@ -75,7 +75,6 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         asks Slurm on its own (one scontrol per poll).""")
     max_concurrent_submits = Integer(8, config=True, help="""Submissions (sbatch --test-only, then sbatch) the hub
         runs at once; the others wait in order, and their spawn pages say their place.""")
-    req_srun = Unicode("", config=True, help="Empty: the server runs in the batch step, on the first node only.")
     bind_ip = Unicode("", config=True, help="""Where the notebook server listens on its node. Empty (the default):
         the node's address as Slurm knows it (NodeAddr), found in the job; "0.0.0.0": every interface. The hub
         always connects to the node's NodeAddr.""")
@@ -91,6 +90,11 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         e.g. {"gpu": "12:00:00"}; never past the partition's own limit. Empty (the default): off.""")
     follows = Unicode("", help="""A job this server's next job starts after (set by the hub's /api/hpcai/continue
         for a follow-up, cleared once submitted): the script asks Slurm for --dependency=afterany:JOB.""")
+    job_log_dir = Unicode(".hpcai/logs", config=True, help="""The folder of each notebook job's log
+        (jupyterhub-JOBID.log): relative to the user's home, or absolute with {username}. Made as the user (0700)
+        before each submission; the job's umask keeps the logs the user's only. `hpcai logs` prints them.""")
+    job_log_max_age = Integer(14, config=True, help="""Days a job log is kept: each notebook job deletes the
+        user's older ones in job_log_dir as it starts. 0: never deleted.""")
     job_umask = Integer(0o077, config=True, help="""The umask jobs are submitted with (Slurm passes it to the job):
         the job's log, and what the server creates, are private to the user unless this allows more.""")
 
@@ -159,11 +163,19 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         cmd = [self.batchspawner_singleuser_cmd, *self.cmd, *self.get_args()]
         if options.environment:
             cmd.append(f"--MappingKernelManager.default_kernel_name=hpcai-{options.environment.lower()}")
+        keepvars = {*self.get_env(), *compat.extra_variables(self.req_keepvars_extra)}
+        site = compat.sbatch_options({name: getattr(self, name) for name in (*compat.SBATCH, "req_options")})
         return script.render(options, profile, user=self.user.name, homedir=self._homedir(),
-                             keepvars=",".join(sorted(self.get_env())), cmd=[c for c in cmd if c],
-                             prologue=self.req_prologue, bind_node_address=not self.bind_ip,
+                             keepvars=",".join(sorted(keepvars)), cmd=[c for c in cmd if c],
+                             logdir=self.job_log_folder(), log_days=self.job_log_max_age, site_options=site,
+                             prologue=self.req_prologue, epilogue=self.req_epilogue, bind_node_address=not self.bind_ip,
                              walltime_warning=self.walltime_warning if profile.walltime_warning is None
                              else profile.walltime_warning, after=self.follows)
+
+    def job_log_folder(self) -> str:
+        """The user's job log folder: job_log_dir under their home, or as given with {username}."""
+        folder = self.job_log_dir.format(username=self.user.name)
+        return folder if folder.startswith("/") else f"{self._homedir()}/{folder}"
 
     def _homedir(self) -> str:
         try:
@@ -212,6 +224,10 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     # -- the job's life --------------------------------------------------------------------
     async def start(self) -> tuple[str, int]:
         self.ip, self.port, self._cut_off = self.bind_ip, 0, False
+        try:  # a config that did not end with compat.check: a batchspawner setting never silently ignored
+            compat.check(self.config)
+        except HPCAIError as err:
+            raise _refused(500, err) from None
         self.check_account()
         try:
             self._options, self._profile = await asyncio.to_thread(self._validate, self.user_options or {})
@@ -220,9 +236,15 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         # a user's starts submit one at a time (a user's own sbatch, stopped or stalled, holds one slot at most), and
         # a storm never forks hundreds at once
         async with jobstate.USER_TURNS[self.user.name], jobstate.SUBMITS.slot(self, self.max_concurrent_submits):
-            test = " ".join([self.exec_prefix.format(username=self.user.name), "sbatch --test-only"])
+            as_user = self.exec_prefix.format(username=self.user.name)
+            try:  # Slurm writes the log only into a folder that exists: the user makes it (root never does, there)
+                await self.run_command(f"{as_user} install -d -m 0700 -- {shlex.quote(self.job_log_folder())}")
+            except RuntimeError as err:
+                raise _refused(500, HPCAIError(f"could not make the job log folder {self.job_log_folder()} as "
+                                               f"{self.user.name}: {err}", "tell the site's admins")) from None
             try:
-                await self.run_command(test, input=await asyncio.to_thread(self.job_script), env=self.get_env())
+                await self.run_command(f"{as_user} sbatch --test-only", input=await asyncio.to_thread(self.job_script),
+                                       env=self.get_env())
             except RuntimeError as err:
                 raise _refused(400, HPCAIError(
                     f"the scheduler would not run this request: {str(err).removeprefix('sbatch: error: ')}",

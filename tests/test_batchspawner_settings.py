@@ -1,0 +1,103 @@
+"""batchspawner's settings under HPCSlurmSpawner: each one reaches the job script, or stops the hub with its name and
+what to use instead; none is accepted and ignored (an admin moving from batchspawner's SlurmSpawner sets them)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from batchspawner import SlurmSpawner
+from traitlets.config import Config
+
+from hub_helpers import USER, ensure_user
+from jupyter_helpers import free_port
+from jupyter_hpcai.errors import HPCAIError
+from jupyter_hpcai.spawner import compat
+from jupyter_hpcai.spawner.spawner import offline_spawner
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "spawner_config" / "demo_config.py"
+PROFILE = {"profile": "1 node, 1 GPU (debug)"}
+
+
+def test_every_batchspawner_setting_is_mapped_or_refused() -> None:
+    """A setting batchspawner adds later fails here until it is mapped or refused."""
+    names = {n for n in SlurmSpawner.class_trait_names(config=True)
+             if n.startswith(("req_", "batch_", "state_")) or n == "exec_prefix"}
+    assert names - {*compat.SBATCH, *compat.USED, *compat.REFUSED} == set()
+
+
+@pytest.mark.parametrize("name", sorted(compat.REFUSED))
+def test_a_setting_hpcslurmspawner_does_not_use_stops_the_hub(name: str) -> None:
+    config = Config()
+    config.SlurmSpawner[name] = "x"
+    with pytest.raises(HPCAIError) as refused:
+        compat.check(config)
+    assert f"c.SlurmSpawner.{name} is batchspawner's" in refused.value.message
+    assert refused.value.hint.startswith("remove it; use instead:")
+
+
+@pytest.mark.parametrize(("value", "why"), [("--exclusive oops", "no option"), ("--comment='a b'", "one #SBATCH word"),
+                                            ("--x\n#SBATCH --y", "no option"), ("--comment='a\nb'", "one #SBATCH word"),
+                                            ("'unclosed", "split")])
+def test_site_options_that_cannot_be_sbatch_lines_stop_the_hub(value: str, why: str) -> None:
+    config = Config()
+    config.HPCSlurmSpawner.req_options = value
+    with pytest.raises(HPCAIError, match=why):
+        compat.check(config)
+
+
+def _spawner(tmp_path: Path, settings: str):  # type: ignore[no-untyped-def]
+    """The demo hub's spawner for alice, with ``settings`` (config lines) after the demo config."""
+    conf = tmp_path / "conf.py"
+    conf.write_text(f"c = get_config()\nload_subconfig({str(DEMO)!r})\n{settings}\n")
+    spawner = offline_spawner(conf, USER)
+    spawner.user_options = spawner._checked(PROFILE)
+    return spawner
+
+
+@pytest.mark.slurm
+def test_the_settings_it_uses_reach_the_job_script(devcluster, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mapped onto #SBATCH lines, the job's environment and its shell lines; Slurm accepts the script."""
+    ensure_user(USER)
+    monkeypatch.setenv("HPCAI_SITE_TEST", "kept")
+    spawner = _spawner(tmp_path, "\n".join([
+        'c.SlurmSpawner.req_memory = "1M"', 'c.SlurmSpawner.req_qos = "normal"',
+        'c.SlurmSpawner.req_reservation = "maint"', 'c.SlurmSpawner.req_options = "--exclusive --comment=site-wide"',
+        'c.SlurmSpawner.req_prologue = "echo prologue-ran"', 'c.SlurmSpawner.req_epilogue = "echo epilogue-ran"',
+        'c.SlurmSpawner.req_keepvars_extra = "HPCAI_SITE_TEST"', 'c.Spawner.env_keep = ["PATH", "HPCAI_SITE_TEST"]']))
+    script = spawner.job_script()
+    header = [line for line in script.splitlines() if line.startswith("#SBATCH")]
+    for option in ("--mem=1M", "--qos=normal", "--reservation=maint", "--exclusive", "--comment=site-wide"):
+        assert f"#SBATCH {option}" in header, header
+    export = next(line for line in header if line.startswith("#SBATCH --export="))
+    assert "HPCAI_SITE_TEST" in export.split("=", 1)[1].split(","), export
+    lines = script.splitlines()
+    server = next(i for i, line in enumerate(lines) if line.endswith(" &") and "batchspawner-singleuser" in line)
+    assert lines.index("echo prologue-ran") < server < lines.index("echo epilogue-ran"), script
+    # Slurm reads it as a job script (without the reservation and QOS, which this dev cluster does not have)
+    tried = script.replace("#SBATCH --reservation=maint\n", "").replace("#SBATCH --qos=normal\n", "")
+    accepted = subprocess.run(["setpriv", f"--reuid={USER}", f"--regid={USER}", "--init-groups", "env",
+                               f"SLURM_CONF={os.environ['SLURM_CONF']}", "sbatch", "--test-only"], input=tried,
+                              capture_output=True, text=True, timeout=60, cwd="/")
+    assert accepted.returncode == 0 and "to start at" in accepted.stderr, accepted.stderr
+
+
+@pytest.mark.slurm
+def test_the_hub_refuses_to_start_with_a_setting_it_would_ignore(devcluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    last = "jupyter_hpcai.spawner.compat.check(c)"
+    conf = tmp_path / "conf.py"  # the demo config, with one more setting before its last line
+    conf.write_text(DEMO.read_text().replace(last, f"c.SlurmSpawner.req_runtime = '01:00:00'\n{last}"))
+    assert "req_runtime" in conf.read_text()
+    hub_dir = tmp_path / "hub"
+    hub_dir.mkdir(mode=0o700)
+    started = subprocess.run([str(Path(sys.executable).parent / "jupyterhub"), "-f", str(conf)], cwd=hub_dir,
+                             env={**os.environ, "HPCAI_HUB_DIR": str(hub_dir), "HPCAI_HUB_PORT": str(free_port())},
+                             capture_output=True, text=True, timeout=120)
+    said = started.stdout + started.stderr
+    assert started.returncode != 0 and "c.SlurmSpawner.req_runtime is batchspawner's" in said, said[-2000:]
+    assert "the profiles (partition, nodes, gpus_per_node, walltime, account)" in said, said[-2000:]
