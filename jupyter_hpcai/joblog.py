@@ -4,6 +4,8 @@ by default ``~/.hpcai/logs/jupyterhub-JOBID.log``, private to the user and delet
 
 from __future__ import annotations
 
+import getpass
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,8 +14,7 @@ from . import slurm
 from .errors import HPCAIError
 
 DEFAULT_DIR = Path("~/.hpcai/logs")
-PATTERN = "jupyterhub-*.log"
-LIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "REQUEUED")
+NAME = re.compile(r"jupyterhub-(\d+)\.log")
 
 
 def find(folder: Path, job: str | None = None) -> Path:
@@ -23,13 +24,17 @@ def find(folder: Path, job: str | None = None) -> Path:
     if job is not None:
         if not job.isdigit():
             raise HPCAIError(f"{job!r} is not a Slurm job id", "give the number squeue shows, or no job for the latest")
-        path = Path((slurm.job_info(job) or {}).get("StdOut") or folder / f"jupyterhub-{job}.log")
+        info = slurm.job_info(job) or {}
+        if info and info["UserName"] != getpass.getuser():  # its log path is that user's to choose
+            raise HPCAIError(f"job {job} is {info['UserName']}'s", f"read it as that user: sudo -u {info['UserName']} "
+                                                                  f"hpcai logs {job}")
+        path = Path(info.get("StdOut") or folder / f"jupyterhub-{job}.log")
         if not path.is_file():
             raise HPCAIError(f"no log of job {job}: {path} is not there",
                              f"see the logs in {folder} (hpcai logs with no job: the latest)")
         return path
-    logs = sorted((p for p in folder.glob(PATTERN) if p.is_file() and not p.is_symlink()),
-                  key=lambda p: p.lstat().st_mtime)
+    logs = sorted((p for p in folder.glob("jupyterhub-*.log") if NAME.fullmatch(p.name) and p.is_file()
+                   and not p.is_symlink()), key=lambda p: p.lstat().st_mtime)
     if not logs:
         raise HPCAIError(f"no notebook job log in {folder}",
                          "start a server from the hub first; a site may keep them elsewhere: --dir FOLDER")
@@ -38,14 +43,18 @@ def find(folder: Path, job: str | None = None) -> Path:
 
 def job_of(path: Path) -> str:
     """The job id in a log's name (jupyterhub-JOBID.log)."""
-    return path.stem.removeprefix("jupyterhub-")
+    found = NAME.fullmatch(path.name)
+    if not found:
+        raise HPCAIError(f"{path.name} is not a notebook job's log (jupyterhub-JOBID.log)", "name the job: hpcai logs JOB")
+    return found[1]
 
 
 def follow(path: Path, write: Callable[[str], None], interval: float = 0.5) -> None:
     """Write the log, then what the job adds to it, until the job ends (or Slurm no longer knows it)."""
     with open(path, errors="replace") as log:
         while True:
-            running = (slurm.job_info(job_of(path)) or {}).get("JobState") in LIVE_STATES
+            state = (slurm.job_info(job_of(path)) or {}).get("JobState")
+            running = bool(state) and state not in slurm.TERMINAL_STATES
             if text := log.read():
                 write(text)
             if not running:

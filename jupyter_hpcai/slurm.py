@@ -32,11 +32,11 @@ class Node:
 
 
 def gres_gpus(gres: str) -> int:
-    """The GPU count in a gres string such as ``gpu:4``, ``gpu:a100:2(S:0-1)``, ``gres:gpu:2`` (a job's
-    TresPerNode) or ``(null)``."""
+    """The GPU count in a gres string such as ``gpu:4``, ``gpu:a100:2(S:0-1)``, ``gres:gpu:2`` or ``gres/gpu:2`` (a
+    job's TresPerNode, by Slurm version) or ``(null)``."""
     total = 0
     for item in gres.split(","):
-        m = re.match(r"gpu(?::[^:(]+)?:(\d+)", item.strip().removeprefix("gres:"))
+        m = re.match(r"gpu(?::[^:(]+)?:(\d+)", re.sub(r"^gres[:/]", "", item.strip()))
         if m:
             total += int(m.group(1))
     return total

@@ -1,6 +1,8 @@
 """Site template: JupyterHub with jupyter-hpcai on a real Slurm GPU cluster. Copy it, then edit the marked lines.
 
-Run the hub as root (or a user allowed to `sudo -u <user> sbatch`) on a host that submits jobs.
+Run the hub as root on a host that submits jobs, or as a user that sudo allows to run, as any hub user, the
+commands it runs as them (exec_prefix "sudo -E -u {username}"): sbatch (and sbatch --test-only), scancel,
+install (the job log folder) and timeout (with tail: a failed job's log).
 """
 
 import sys

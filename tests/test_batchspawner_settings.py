@@ -50,6 +50,26 @@ def test_site_options_that_cannot_be_sbatch_lines_stop_the_hub(value: str, why: 
         compat.check(config)
 
 
+@pytest.mark.parametrize("option", ["--nodes=4", "-N4", "-o/tmp/x", "--output=/tmp/x", "--gpus-per-node=8", "--partition=gpu",
+                                    "--account=other", "--time=7-00:00:00", "--export=ALL"])
+def test_site_options_may_not_change_what_the_hub_writes_itself(option: str) -> None:
+    """Else the job would differ from the one the hub tracks and extends, or its log go elsewhere."""
+    config = Config()
+    config.SlurmSpawner.req_options = f"--exclusive {option}"
+    with pytest.raises(HPCAIError, match="which the hub writes itself"):
+        compat.check(config)
+
+
+@pytest.mark.parametrize("value", ["", ".", "/scratch/logs"])
+def test_a_job_log_folder_shared_by_users_stops_the_hub(value: str) -> None:
+    config = Config()
+    config.HPCSlurmSpawner.job_log_dir = value
+    with pytest.raises(HPCAIError, match="not a folder of its own for each user"):
+        compat.check(config)
+    config.HPCSlurmSpawner.job_log_dir = "/scratch/{username}/logs"  # control
+    compat.check(config)
+
+
 def _spawner(tmp_path: Path, settings: str):  # type: ignore[no-untyped-def]
     """The demo hub's spawner for alice, with ``settings`` (config lines) after the demo config."""
     conf = tmp_path / "conf.py"

@@ -289,7 +289,7 @@ def test_a_users_stalled_sbatch_holds_one_submission_slot(devcluster, tmp_path: 
         with ThreadPoolExecutor(3) as pool:  # her three starts at once (each request waits for its start a while)
             asked = [pool.submit(hub.api, "POST", f"/users/{USER}/servers/{name}", {"profile": PROFILE})
                      for name in ("", "s2", "s3")]
-            wait_until(lambda: len(subprocess.run(["pgrep", "-u", USER, "-x", "sbatch"], capture_output=True,
+            wait_until(lambda: len(subprocess.run(["pgrep", "-r", "D,R,S,T", "-u", USER, "-x", "sbatch"], capture_output=True,
                                                   text=True, timeout=10).stdout.split()) >= 1 or None,
                        timeout=30, what="alice's (stopped) sbatch")
             time.sleep(2)  # her other starts reach the hub's queue too
@@ -302,7 +302,7 @@ def test_a_users_stalled_sbatch_holds_one_submission_slot(devcluster, tmp_path: 
                 waited = f"bob's job {bobs} submitted after {time.monotonic() - started:.0f} s"
             except HPCAIError:
                 bobs, waited = "", "bob's job not submitted within 30 s"
-            stopped = subprocess.run(["pgrep", "-u", USER, "-x", "sbatch"], capture_output=True, text=True,
+            stopped = subprocess.run(["pgrep", "-r", "D,R,S,T", "-u", USER, "-x", "sbatch"], capture_output=True, text=True,
                                      timeout=10).stdout.split()
             assert stopped, "the attack took place: alice's sbatch was stopped"
             waited += f"; alice's stopped sbatch processes: {len(stopped)}"
@@ -316,5 +316,8 @@ def test_a_users_stalled_sbatch_holds_one_submission_slot(devcluster, tmp_path: 
         stopper.wait(timeout=10)
         subprocess.run(["pkill", "-CONT", "-u", USER, "-x", "sbatch"], timeout=10, check=False)
         hub.stop(proxy=True)
+        # her resumed sbatch processes may still submit after the hub has gone: wait for them, then cancel
+        wait_until(lambda: not subprocess.run(["pgrep", "-r", "D,R,S,T", "-u", USER, "-x", "sbatch"], capture_output=True,
+                                              timeout=10).stdout or None, timeout=90, what="alice's sbatch to end")
         subprocess.run(["scancel", "--user", USER], timeout=30, check=False)
         subprocess.run(["scancel", "--user", BOB], timeout=30, check=False)

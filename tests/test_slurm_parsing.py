@@ -21,7 +21,7 @@ def test_expand_hostlist(hostlist: str, names: list[str]) -> None:
 
 @pytest.mark.parametrize(
     ("gres", "gpus"), [("gpu:4", 4), ("gpu:a100:2(S:0-1)", 2), ("(null)", 0), ("gpu:a100:2,gpu:v100:1", 3),
-                       ("gres:gpu:2", 2)]
+                       ("gres:gpu:2", 2), ("gres/gpu:a100:4", 4)]
 )
 def test_gres_gpus(gres: str, gpus: int) -> None:
     assert gres_gpus(gres) == gpus

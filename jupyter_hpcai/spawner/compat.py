@@ -25,10 +25,11 @@ USED = {
     "req_options": "more #SBATCH options for every job, words starting with '-' (e.g. '--exclusive --constraint=a100')",
     "req_prologue": "shell lines run before the server starts",
     "req_epilogue": "shell lines run after the server ends (not when the job is cancelled or reaches its walltime)",
-    "req_keepvars_extra": "more variables of the hub's environment passed to the job (comma-separated names)",
+    "req_keepvars_extra": "more variables of the server's environment (Spawner.env_keep, Spawner.environment) "
+                          "passed on by --export (comma-separated names)",
     "exec_prefix": "how the hub runs Slurm commands as the user",
-    "batch_submit_cmd": "the submission command (after exec_prefix)",
-    "batch_cancel_cmd": "the cancel command (after exec_prefix)",
+    "batch_submit_cmd": "the submission command (after exec_prefix; no {placeholders})",
+    "batch_cancel_cmd": "the cancel command (after exec_prefix; {job_id})",
 }
 REFUSED = {
     **{name: PROFILES for name in ("req_partition", "req_account", "req_runtime", "req_nprocs", "req_ngpus",
@@ -43,7 +44,23 @@ REFUSED = {
                     "state_exechost_re", "state_exechost_exp")},
     **{name: "nothing: the hub computes it (req_keepvars_extra adds variables to the job's)"
        for name in ("req_keepvars", "req_username", "req_homedir")},
+    # JupyterHub's: it would let a user's options set spawner attributes (exec_prefix, say) in the root hub
+    "apply_user_options": "profiles and the form: options are validated whole by HPCSlurmSpawner",
 }
+# What the hub writes into every job script itself: an admin's option may not change it, or the job would differ
+# from the one the hub tracks and extends (spawner.as_submitted), or its log go elsewhere.
+OWN_OPTIONS = ("--output", "--error", "--nodes", "--partition", "--gres", "--account", "--time", "--export",
+               "--chdir", "--dependency", "--signal", "--job-name", "--ntasks-per-node")
+OWN_SHORT = ("-o", "-e", "-N", "-p", "-A", "-t", "-D", "-d", "-J", "-G")  # the same, short (a value may follow)
+
+
+def _hub_writes(option: str) -> bool:
+    """Whether ``option`` sets what the hub writes into every job script itself."""
+    if option.startswith("--"):
+        return option.split("=", 1)[0] in OWN_OPTIONS or option.startswith("--gpus")
+    return option[:2] in OWN_SHORT
+
+
 _VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -59,6 +76,8 @@ def check(config: Mapping[str, Any]) -> None:
                 sbatch_options({name: str(value)})
             if name == "req_keepvars_extra":
                 extra_variables(str(value))
+            if name == "job_log_dir":
+                log_dir(str(value))
 
 
 def sbatch_options(settings: Mapping[str, str]) -> list[str]:
@@ -72,11 +91,24 @@ def sbatch_options(settings: Mapping[str, str]) -> list[str]:
     if not all(w.startswith("-") for w in words):
         raise HPCAIError(f"c.HPCSlurmSpawner.req_options {settings['req_options']!r} holds a word that is no option",
                          "each word an sbatch option, starting with '-'")
+    for option in words:
+        if _hub_writes(option):
+            raise HPCAIError(f"c.HPCSlurmSpawner.req_options has {option}, which the hub writes itself",
+                             "resources belong in the profiles; the log folder is job_log_dir")
     for option in options + words:
         if not option.isprintable() or any(c.isspace() for c in option) or option.endswith("="):
             raise HPCAIError(f"the sbatch option {option!r} (from batchspawner's settings) cannot be one #SBATCH word",
                              "no spaces or control characters, and a value after '='")
     return options + words
+
+
+def log_dir(value: str) -> str:
+    """``HPCSlurmSpawner.job_log_dir``: a folder under the home, or an absolute one per user ({username})."""
+    if value.strip() in ("", ".", "./") or (value.startswith("/") and "{username}" not in value):
+        raise HPCAIError(f"c.HPCSlurmSpawner.job_log_dir {value!r} is not a folder of its own for each user",
+                         "a folder under the home (the default .hpcai/logs), or an absolute path with {username} "
+                         "in a place where users cannot make each other's folders")
+    return value
 
 
 def extra_variables(value: str) -> list[str]:

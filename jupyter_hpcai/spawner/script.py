@@ -59,7 +59,7 @@ export HPCAI_WALLTIME_WARNING={warning}
 trap '{{ date +%s > "$HPCAI_JOB_STATE/.walltime" && mv -f "$HPCAI_JOB_STATE/.walltime" "$HPCAI_JOB_STATE/walltime"; }} || true' USR1
 """
 JOB_STATE = ".hpcai/jobs"  # under the user's home: what every node of a cluster sees"
-LOG_NAME = "jupyterhub-%j.log"  # in the job log folder (HPCSlurmSpawner.job_log_dir): Slurm puts the job id for %j
+LOG_DIR = ".hpcai/logs"  # the job log folder under the user's home, by default (HPCSlurmSpawner.job_log_dir)
 # The job (as its user) deletes its older logs: a server started each day leaves a few weeks of them at most.
 PRUNE = """find {logdir} -maxdepth 1 -name 'jupyterhub-*.log' -mtime +{days} -delete 2>/dev/null || true
 """
@@ -73,16 +73,17 @@ export JUPYTERHUB_SERVICE_URL="${JUPYTERHUB_SERVICE_URL%%://*}://${node_addr}:0$
 
 
 def render(options: SpawnOptions, profile: Profile, *, user: str, homedir: str, keepvars: str, cmd: Sequence[str],
-           logdir: str, log_days: int = 0, site_options: Sequence[str] = (), prologue: str = "", epilogue: str = "",
+           logdir: str = "", log_days: int = 0, site_options: Sequence[str] = (), prologue: str = "", epilogue: str = "",
            bind_node_address: bool = True, walltime_warning: int = 0, after: str = "") -> str:
     """The batch script. Options were validated; quoting still guards every value that reaches a shell line.
-    ``logdir``: the folder of the job's log; ``log_days``: the job deletes its logs there older than that (0: none).
+    ``logdir``: the folder of the job's log (default: LOG_DIR in the home); ``log_days``: the job deletes its logs there older than that (0: none).
     ``site_options``: the admin's #SBATCH options for every job (a profile's extra_sbatch come after them);
     ``prologue``/``epilogue``: the admin's shell lines before the server starts and after it ends.
     ``bind_node_address``: the server listens on its node's Slurm address (else where the hub's URL says).
     ``walltime_warning``: seconds before the walltime at which Slurm signals the job (0: never); at most half
     the walltime. ``after``: a job this one starts after (its follow-up, %hpc continue), once that ends."""
     tasks = max(1, options.gpus_per_node)
+    logdir = logdir or f"{homedir}/{LOG_DIR}"
     warning = min(walltime_warning, options.walltime_seconds // 2)
     run = SUPERVISED.format(state=shlex.quote(f"{homedir}/{JOB_STATE}"), cmd=shlex.join(cmd),
                             signal_trap=SIGNAL_TRAP.format(warning=warning) if warning else "",

@@ -4,10 +4,12 @@ jobs with one server on the first node, honest progress and failure reasons."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pwd
 import re
 import shlex
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -90,7 +92,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         e.g. {"gpu": "12:00:00"}; never past the partition's own limit. Empty (the default): off.""")
     follows = Unicode("", help="""A job this server's next job starts after (set by the hub's /api/hpcai/continue
         for a follow-up, cleared once submitted): the script asks Slurm for --dependency=afterany:JOB.""")
-    job_log_dir = Unicode(".hpcai/logs", config=True, help="""The folder of each notebook job's log
+    job_log_dir = Unicode(script.LOG_DIR, config=True, help="""The folder of each notebook job's log
         (jupyterhub-JOBID.log): relative to the user's home, or absolute with {username}. Made as the user (0700)
         before each submission; the job's umask keeps the logs the user's only. `hpcai logs` prints them.""")
     job_log_max_age = Integer(14, config=True, help="""Days a job log is kept: each notebook job deletes the
@@ -205,20 +207,16 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     async def _get_batch_script(self, **subvars: Any) -> str:
         return await asyncio.to_thread(self.job_script)  # sinfo and the site envs' scan: off the event loop
 
-    async def run_command(self, cmd: str, input: str | None = None, env: dict[str, str] | None = None) -> str:
+    async def run_command(self, cmd: str, input: str | None = None, env: dict[str, str] | None = None,
+                          timeout: float = 60) -> str:
         """batchspawner's commands, run as argument lists: no shell ever sees them. ``env`` is the user's (sbatch
         gets get_env()); without one, a command gets COMMAND_ENV only, never the hub's environment."""
-        proc = await asyncio.create_subprocess_exec(*shlex.split(cmd), env=env if env is not None else _command_env(),
-                                                    stdin=asyncio.subprocess.PIPE,
-                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                                                    umask=self.job_umask)
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(input.encode() if input else None), timeout=60)
-        except asyncio.TimeoutError:
-            proc.kill()
-            raise RuntimeError(f"{cmd.split()[0]} did not answer within 60 s") from None
-        if proc.returncode != 0:
-            raise RuntimeError(err.decode().strip() or f"exit status {proc.returncode}")
+        code, out, err = await _run_as_user(shlex.split(cmd), env if env is not None else _command_env(), input,
+                                            timeout, self.job_umask)
+        if code is None:
+            raise RuntimeError(f"{cmd.split()[0]} did not answer within {timeout:g} s")
+        if code != 0:
+            raise RuntimeError(err.decode().strip() or f"exit status {code}")
         return out.decode().strip()
 
     # -- the job's life --------------------------------------------------------------------
@@ -238,7 +236,8 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         async with jobstate.USER_TURNS[self.user.name], jobstate.SUBMITS.slot(self, self.max_concurrent_submits):
             as_user = self.exec_prefix.format(username=self.user.name)
             try:  # Slurm writes the log only into a folder that exists: the user makes it (root never does, there)
-                await self.run_command(f"{as_user} install -d -m 0700 -- {shlex.quote(self.job_log_folder())}")
+                await self.run_command(f"{as_user} install -d -m 0700 -- {shlex.quote(self.job_log_folder())}",
+                                       timeout=10)
             except RuntimeError as err:
                 raise _refused(500, HPCAIError(f"could not make the job log folder {self.job_log_folder()} as "
                                                f"{self.user.name}: {err}", "tell the site's admins")) from None
@@ -253,8 +252,8 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         self.follows = ""  # only this job waits for that one; a later start of this server does not
         if not self.job_id:
             raise HPCAIError("sbatch returned no job id", "see the hub log")
-        await self._check_owner()
         self._remember_job()
+        await self._check_owner()
         while (status := await self.query_job_status()) != JobStatus.RUNNING:
             if status == JobStatus.NOTFOUND:
                 raise HPCAIError(await self._failure_report("ended before it started running"))
@@ -291,6 +290,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         info = await asyncio.to_thread(slurm.job_info, self.job_id)
         if info is None or info.get("UserName") != self.user.name:
             self.job_id = ""
+            self._remember_job()  # no restarted hub may cancel (or track) that id
             raise HPCAIError(f"the job id sbatch answered is not a job of {self.user.name}",
                              "tell the site's admins: the hub's submissions are being tampered with")
 
@@ -409,14 +409,8 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         At most LOG_TAIL_BYTES, within a few seconds, off the event loop; nothing when the user cannot read it."""
         argv = [*shlex.split(self.exec_prefix.format(username=self.user.name)),
                 "timeout", "5", "tail", "-c", str(LOG_TAIL_BYTES), "--", path]
-        proc = await asyncio.create_subprocess_exec(*argv, env=_command_env(), stdin=asyncio.subprocess.DEVNULL,
-                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
-        try:
-            out, _ = await asyncio.wait_for(proc.communicate(), timeout=10)
-        except asyncio.TimeoutError:
-            proc.kill()
-            return []
-        if proc.returncode != 0:
+        code, out, _ = await _run_as_user(argv, _command_env(), None, 10, self.job_umask)
+        if code != 0:
             return []
         text = out.decode(errors="replace")
         return ["".join(c for c in line if c.isprintable() or c == "\t") for line in text.splitlines()[-lines:]]
@@ -443,6 +437,8 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
                 elif state in ("RUNNING", "CONFIGURING"):
                     message, pct = (f"Job {self.job_id} is running on {info.get('NodeList', '?')}; "
                                     "waiting for the Jupyter server to start"), 70
+                elif state and state not in slurm.TERMINAL_STATES:  # SUSPENDED, REQUEUED, STOPPED...: it may go on
+                    message, pct = f"Job {self.job_id} is {state.lower()}", 50
                 else:
                     yield {"progress": 100, "failed": True, "message": await self._failure_report("is not running")}
                     return
@@ -460,7 +456,29 @@ def as_submitted(info: dict[str, str], options: SpawnOptions, user: str) -> list
     found = {"owner": info.get("UserName", ""), "partition": info.get("Partition", ""),
              "nodes": info.get("NumNodes", ""), "GPUs per node": str(slurm.gres_gpus(info.get("TresPerNode", ""))),
              "account": info.get("Account", "")}
-    return [f"{what} {found[what] or '(none)'}, submitted {wanted[what]}" for what in wanted if found[what] != wanted[what]]
+    # Slurm keeps account names in lower case
+    return [f"{what} {found[what] or '(none)'}, submitted {wanted[what]}" for what in wanted
+            if found[what].lower() != wanted[what].lower()]
+
+
+async def _run_as_user(argv: list[str], env: dict[str, str], input: str | None, timeout: float,
+                       umask: int) -> tuple[int | None, bytes, bytes]:
+    """Run a command (through exec_prefix: as the user) in a session of its own; its exit status (None when it did
+    not end within ``timeout``), stdout and stderr. Whatever happens, nothing of it outlives the call: the user may
+    stop their own process (kill -STOP) or hold its pipes, and killing sudo alone left both pipes open in the hub."""
+    proc = await asyncio.create_subprocess_exec(*argv, env=env, stdin=asyncio.subprocess.PIPE,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                                umask=umask, start_new_session=True)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(input.encode() if input else None), timeout=timeout)
+        return proc.returncode, out, err
+    except asyncio.TimeoutError:
+        return None, b"", b""
+    finally:  # on a timeout, and on a cancelled start too (start_timeout)
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        proc._transport.close()  # type: ignore[attr-defined]  # our pipe ends, whoever holds theirs (no public close)
 
 
 def _command_env() -> dict[str, str]:
