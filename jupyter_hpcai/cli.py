@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -517,6 +518,33 @@ def bench_overhead(env_name: str, partition: str | None, nodes: int, gpus_per_no
                            breakdown=breakdown)
     if code:
         raise HPCAIError(f"the overhead job failed (exit status {code})", "see its output above")
+
+
+@cli.group()
+def site() -> None:
+    """The site's install: checks an admin runs on the hub host."""
+
+
+@site.command("check")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="The hub's config (jupyterhub_config.py).")
+@click.option("--user", required=True, help="A user of the cluster to run the checks as (their jobs, their rights).")
+@json_option
+def site_check(config_file: Path, user: str, as_json: bool) -> None:
+    """Check the hub host: the hub's config, the Slurm client and munge, the commands the hub runs as USER, the
+    proxy, the env roots, and one small job as USER (a node reaches the hub's API, ptrace scope, GPUs). Exits 1
+    when a check fails.
+
+    With --json: a list with one object per check, keys name, passed, detail and fix.
+    """
+    from . import sitecheck
+
+    checks = sitecheck.run(config_file.absolute(), user)
+    lines = [f"[green]PASS[/] {esc(c.name)}: {esc(c.detail)}" if c.passed else
+             f"[red]FAIL[/] {esc(c.name)}: {esc(c.detail)}\n     [yellow]fix:[/] {esc(c.fix)}" for c in checks]
+    _emit(as_json, [asdict(c) for c in checks], *lines)
+    if not all(c.passed for c in checks):
+        sys.exit(1)
 
 
 @cli.command()

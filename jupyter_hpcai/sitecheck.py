@@ -1,0 +1,131 @@
+"""``hpcai site check``: the admin's doctor, run on the hub host with the hub's config. Each check passes or fails
+with what to do: the hub's config (batchspawner's settings), the Slurm client and munge, the commands the hub
+runs as a user (exec_prefix), the proxy, the site's env roots as a user reads them, and one small job as that user
+on a GPU partition: that a node reaches the hub's API address, Yama's ptrace scope there (``%hpc stacks``), and
+that Slurm hands out GPUs (gres.conf with ``File=``)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import paths, proc
+from .errors import HPCAIError
+
+CONNECT_TIMEOUT = 5  # seconds for a node to reach the hub's API address
+# The small job's report, one "key=value" line each: the hub's address as the node reaches it ("connected": the hub
+# listens; "refused": the host answers, the hub is not running now; else why not), ptrace_scope, the GPUs it got.
+PROBE = """timeout {timeout} bash -c '</dev/tcp/{ip}/{port}' 2>/tmp/hpcai-probe-$$ && echo hub=connected || \
+{{ grep -q refused /tmp/hpcai-probe-$$ && echo hub=refused || echo "hub=$(tr -d '\\n' </tmp/hpcai-probe-$$)"; }}
+rm -f /tmp/hpcai-probe-$$
+echo "ptrace_scope=$(cat /proc/sys/kernel/yama/ptrace_scope 2>/dev/null || echo none)"
+echo "gpus=${{CUDA_VISIBLE_DEVICES:-none}}"
+"""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the report."""
+
+    name: str
+    passed: bool
+    detail: str
+    fix: str = ""
+
+
+def run(config_file: Path, user: str) -> list[Check]:
+    """Every check, in order; a check that cannot run fails with its reason."""
+    return list(_checks(config_file, user))
+
+
+def _checks(config_file: Path, user: str) -> Iterator[Check]:
+    from traitlets.config import PyFileConfigLoader
+
+    from .spawner import compat
+    from .spawner.spawner import offline_spawner
+
+    try:
+        config = PyFileConfigLoader(config_file.name, str(config_file.parent)).load_config()
+        compat.check(config)
+        spawner = offline_spawner(config_file, user)
+    except (HPCAIError, OSError, SyntaxError) as err:
+        yield Check("hub config", False, f"{config_file}: {err}", "fix the hub's config first")
+        return
+    yield Check("hub config", True, f"{config_file} loads; batchspawner's settings are all used")
+    as_user = shlex.split(spawner.exec_prefix.format(username=user))
+    yield _probe("Slurm client and munge", lambda: proc.run(["scontrol", "ping"], timeout=30).stdout.strip(),
+                 lambda out: "UP" in out, "start slurmctld and munged on this host, or set SLURM_CONF to the cluster's "
+                                          "slurm.conf")
+    for program in ("sbatch", "scancel", "install", "timeout", "tail"):
+        yield _probe(f"exec_prefix runs {program} as {user}",
+                     lambda program=program: proc.run([*as_user, program, "--version"], timeout=30).stdout.split("\n")[0],
+                     bool, f"let the hub run `{shlex.join(as_user)} {program}` (sudoers), or fix "
+                           "HPCSlurmSpawner.exec_prefix")
+    yield _proxy(config)
+    for root in paths.site_env_roots():
+        yield _probe(f"env root {root} readable by {user}",
+                     lambda root=root: proc.run([*as_user, "test", "-r", str(root), "-a", "-x", str(root)],
+                                                timeout=30, check=False).returncode == 0,
+                     bool, f"chmod o+rx {root} and every folder above it (servers and ranks run as the users)")
+    yield from _job_checks(config, spawner, as_user)
+
+
+def _probe(name: str, probe: Callable[[], Any], good: Callable[[Any], bool], fix: str) -> Check:
+    """A check from one probe: it passes when ``good`` of what the probe returned (an HPCAIError fails it)."""
+    try:
+        found = probe()
+    except HPCAIError as err:
+        return Check(name, False, err.message, fix)
+    return Check(name, good(found), str(found) if not isinstance(found, bool) else ("yes" if found else "no"), fix)
+
+
+def _proxy(config: Any) -> Check:
+    command = list(config.ConfigurableHTTPProxy.get("command", ["configurable-http-proxy"]))
+    found = shutil.which(command[0])
+    return Check("configurable-http-proxy", bool(found), found or f"{command[0]} not found",
+                 "npm install -g configurable-http-proxy, or set ConfigurableHTTPProxy.command")
+
+
+def _command_env() -> dict[str, str]:
+    """What the hub gives the commands it runs as a user (spawner.COMMAND_ENV): where the programs and Slurm are."""
+    from .spawner.spawner import COMMAND_ENV
+
+    return {k: os.environ[k] for k in COMMAND_ENV if k in os.environ}
+
+
+def _job_checks(config: Any, spawner: Any, as_user: list[str]) -> Iterator[Check]:
+    """One small job, as the user, on the first profile with GPUs (else the first profile)."""
+    hub = config.JupyterHub
+    ip, port = hub.get("hub_connect_ip") or hub.get("hub_ip") or "127.0.0.1", int(hub.get("hub_port", 8081))
+    profiles = list(spawner.profiles) or [{}]
+    profile = next((p for p in profiles if p.get("gpus_per_node")), profiles[0])
+    args = ["-N1", "-t", "2", "--job-name=hpcai-site-check"]
+    args += [f"--partition={profile['partition']}"] if profile.get("partition") else []
+    args += [f"--account={profile['account']}"] if profile.get("account") else []
+    args += ["--gpus-per-node=1"] if profile.get("gpus_per_node") else []
+    probe = PROBE.format(timeout=CONNECT_TIMEOUT, ip=ip, port=port)
+    try:
+        done = proc.run([*as_user, "srun", *args, "bash", "-c", probe], timeout=180, env=_command_env())
+    except HPCAIError as err:
+        yield Check("a small job on a node", False, err.message,
+                    f"check that {spawner.user.name} can run jobs on {profile.get('partition', 'the default partition')}")
+        return
+    seen = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    reached = seen.get("hub") in ("connected", "refused")
+    yield Check(f"a node reaches the hub's API at {ip}:{port}", reached,
+                {"connected": "the hub answers", "refused": "the host answers (the hub is not running now)"}.get(
+                    seen.get("hub", ""), seen.get("hub", "no answer")),
+                "set JupyterHub.hub_connect_ip (and hub_ip) to the login node's address on the compute nodes' network")
+    scope = seen.get("ptrace_scope", "?")
+    yield Check("ptrace on the nodes (%hpc stacks)", scope in ("0", "none"), f"kernel.yama.ptrace_scope = {scope}",
+                "sysctl kernel.yama.ptrace_scope=0 on the nodes, or %hpc stacks cannot read the ranks' stacks "
+                "(never give py-spy CAP_SYS_PTRACE: every user could read every process)")
+    if profile.get("gpus_per_node"):
+        gpus = seen.get("gpus", "none")
+        yield Check("Slurm hands out GPUs", gpus != "none", f"CUDA_VISIBLE_DEVICES={gpus}",
+                    "gres.conf needs the GPUs' device files (Name=gpu File=/dev/nvidia[0-3]), and GresTypes=gpu")
