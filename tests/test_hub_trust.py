@@ -289,9 +289,7 @@ def test_a_users_stalled_sbatch_holds_one_submission_slot(devcluster, tmp_path: 
         with ThreadPoolExecutor(3) as pool:  # her three starts at once (each request waits for its start a while)
             asked = [pool.submit(hub.api, "POST", f"/users/{USER}/servers/{name}", {"profile": PROFILE})
                      for name in ("", "s2", "s3")]
-            wait_until(lambda: len(subprocess.run(["pgrep", "-r", "D,R,S,T", "-u", USER, "-x", "sbatch"], capture_output=True,
-                                                  text=True, timeout=10).stdout.split()) >= 1 or None,
-                       timeout=30, what="alice's (stopped) sbatch")
+            wait_until(lambda: _alices_sbatch() or None, timeout=30, what="alice's (stopped) sbatch")
             time.sleep(2)  # her other starts reach the hub's queue too
             status, body = hub.api("POST", f"/users/{BOB}/server", {"profile": PROFILE})
             assert status in (201, 202), body
@@ -302,8 +300,7 @@ def test_a_users_stalled_sbatch_holds_one_submission_slot(devcluster, tmp_path: 
                 waited = f"bob's job {bobs} submitted after {time.monotonic() - started:.0f} s"
             except HPCAIError:
                 bobs, waited = "", "bob's job not submitted within 30 s"
-            stopped = subprocess.run(["pgrep", "-r", "D,R,S,T", "-u", USER, "-x", "sbatch"], capture_output=True, text=True,
-                                     timeout=10).stdout.split()
+            stopped = _alices_sbatch()
             assert stopped, "the attack took place: alice's sbatch was stopped"
             waited += f"; alice's stopped sbatch processes: {len(stopped)}"
             os.killpg(stopper.pid, signal.SIGKILL)
@@ -317,7 +314,12 @@ def test_a_users_stalled_sbatch_holds_one_submission_slot(devcluster, tmp_path: 
         subprocess.run(["pkill", "-CONT", "-u", USER, "-x", "sbatch"], timeout=10, check=False)
         hub.stop(proxy=True)
         # her resumed sbatch processes may still submit after the hub has gone: wait for them, then cancel
-        wait_until(lambda: not subprocess.run(["pgrep", "-r", "D,R,S,T", "-u", USER, "-x", "sbatch"], capture_output=True,
-                                              timeout=10).stdout or None, timeout=90, what="alice's sbatch to end")
+        wait_until(lambda: not _alices_sbatch() or None, timeout=90, what="alice's sbatch to end")
         subprocess.run(["scancel", "--user", USER], timeout=30, check=False)
         subprocess.run(["scancel", "--user", BOB], timeout=30, check=False)
+
+
+def _alices_sbatch() -> list[str]:
+    """The pids of alice's sbatch processes that have not ended (a zombie waits for its parent only)."""
+    return subprocess.run(["pgrep", "-r", "D,R,S,T", "-u", USER, "-x", "sbatch"], capture_output=True, text=True,
+                          timeout=10).stdout.split()
