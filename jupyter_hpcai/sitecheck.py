@@ -6,7 +6,6 @@ that Slurm hands out GPUs (gres.conf with ``File=``)."""
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 from collections.abc import Callable, Iterator
@@ -16,6 +15,8 @@ from typing import Any
 
 from . import paths, proc
 from .errors import HPCAIError
+from .spawner import compat
+from .spawner.spawner import command_env, offline_spawner
 
 CONNECT_TIMEOUT = 5  # seconds for a node to reach the hub's API address
 # The small job's report, one "key=value" line each: the hub's address as the node reaches it ("connected": the hub
@@ -44,15 +45,10 @@ def run(config_file: Path, user: str) -> list[Check]:
 
 
 def _checks(config_file: Path, user: str) -> Iterator[Check]:
-    from traitlets.config import PyFileConfigLoader
-
-    from .spawner import compat
-    from .spawner.spawner import offline_spawner
-
-    try:
-        config = PyFileConfigLoader(config_file.name, str(config_file.parent)).load_config()
-        compat.check(config)
+    try:  # the hub's config, loaded once: the spawner it makes for the user carries it whole
         spawner = offline_spawner(config_file, user)
+        config = spawner.config
+        compat.check(config)
     except (HPCAIError, OSError, SyntaxError) as err:
         yield Check("hub config", False, f"{config_file}: {err}", "fix the hub's config first")
         return
@@ -91,13 +87,6 @@ def _proxy(config: Any) -> Check:
                  "npm install -g configurable-http-proxy, or set ConfigurableHTTPProxy.command")
 
 
-def _command_env() -> dict[str, str]:
-    """What the hub gives the commands it runs as a user (spawner.COMMAND_ENV): where the programs and Slurm are."""
-    from .spawner.spawner import COMMAND_ENV
-
-    return {k: os.environ[k] for k in COMMAND_ENV if k in os.environ}
-
-
 def _job_checks(config: Any, spawner: Any, as_user: list[str]) -> Iterator[Check]:
     """One small job, as the user, on the first profile with GPUs (else the first profile)."""
     hub = config.JupyterHub
@@ -110,7 +99,7 @@ def _job_checks(config: Any, spawner: Any, as_user: list[str]) -> Iterator[Check
     args += ["--gpus-per-node=1"] if profile.get("gpus_per_node") else []
     probe = PROBE.format(timeout=CONNECT_TIMEOUT, ip=ip, port=port)
     try:
-        done = proc.run([*as_user, "srun", *args, "bash", "-c", probe], timeout=180, env=_command_env())
+        done = proc.run([*as_user, "srun", *args, "bash", "-c", probe], timeout=180, env=command_env())
     except HPCAIError as err:
         yield Check("a small job on a node", False, err.message,
                     f"check that {spawner.user.name} can run jobs on {profile.get('partition', 'the default partition')}")

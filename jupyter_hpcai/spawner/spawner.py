@@ -136,7 +136,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         said: dict[str, str] = {}
         if self.start_estimates:  # at most estimates.WAIT seconds more for the form; else the last ones
             prefix = shlex.split(self.exec_prefix.format(username=self.user.name))
-            found = await estimates.ESTIMATES.of(self.user.name, prefix, profiles, _command_env(),
+            found = await estimates.ESTIMATES.of(self.user.name, prefix, profiles, command_env(),
                                                  self.start_estimates_ttl)
             now = time.time()
             said = {name: e.words(now) for name, e in found.items()}
@@ -211,7 +211,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
                           timeout: float = 60) -> str:
         """batchspawner's commands, run as argument lists: no shell ever sees them. ``env`` is the user's (sbatch
         gets get_env()); without one, a command gets COMMAND_ENV only, never the hub's environment."""
-        code, out, err = await _run_as_user(shlex.split(cmd), env if env is not None else _command_env(), input,
+        code, out, err = await _run_as_user(shlex.split(cmd), env if env is not None else command_env(), input,
                                             timeout, self.job_umask)
         if code is None:
             raise RuntimeError(f"{cmd.split()[0]} did not answer within {timeout:g} s")
@@ -409,7 +409,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         At most LOG_TAIL_BYTES, within a few seconds, off the event loop; nothing when the user cannot read it."""
         argv = [*shlex.split(self.exec_prefix.format(username=self.user.name)),
                 "timeout", "5", "tail", "-c", str(LOG_TAIL_BYTES), "--", path]
-        code, out, _ = await _run_as_user(argv, _command_env(), None, 10, self.job_umask)
+        code, out, _ = await _run_as_user(argv, command_env(), None, 10, self.job_umask)
         if code != 0:
             return []
         text = out.decode(errors="replace")
@@ -481,7 +481,8 @@ async def _run_as_user(argv: list[str], env: dict[str, str], input: str | None, 
         proc._transport.close()  # type: ignore[attr-defined]  # our pipe ends, whoever holds theirs (no public close)
 
 
-def _command_env() -> dict[str, str]:
+def command_env() -> dict[str, str]:
+    """All a command the hub runs as a user gets of the hub's environment (COMMAND_ENV)."""
     return {k: os.environ[k] for k in COMMAND_ENV if k in os.environ}
 
 
