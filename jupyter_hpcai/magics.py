@@ -15,7 +15,7 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
 from . import engines as engines_api
 from . import guard, hubapi
-from .engines import telemetry
+from .engines import own_job, telemetry
 from .engines.frameworks import FRAMEWORKS
 from .engines.launch import LAUNCHERS
 from .engines.output import OUTPUT_MODES
@@ -56,7 +56,7 @@ def _interval(text: str) -> float:
     return value
 
 
-def _duration(text: str) -> int:
+def duration(text: str) -> int:
     """30m, 2h, or Slurm's time format, in seconds."""
     unit = {"m": 60, "h": 3600}.get(text[-1:].lower())
     try:
@@ -86,6 +86,10 @@ def hpc_parser() -> _Parser:
     start.add_argument("--launcher", choices=list(LAUNCHERS))
     start.add_argument("--framework", choices=[*FRAMEWORKS, "auto", "none"], default="auto",
                        help="initialised by every rank as it starts (auto: the env's, Horovod first)")
+    start.add_argument("--time", type=duration, help="outside a Slurm job: ask Slurm for an allocation of this "
+                                                      "kernel's own, for this long (30m, 2h, HH:MM:SS)")
+    start.add_argument("--partition", help="outside a Slurm job: the partition of this kernel's own allocation")
+    start.add_argument("--account", help="outside a Slurm job: the account of this kernel's own allocation")
     for name in ("stop", "restart", "status", "panel"):
         sub.add_parser(name)
     attach = sub.add_parser("attach", help="use engines running in this job already (an earlier kernel's, or "
@@ -105,7 +109,7 @@ def hpc_parser() -> _Parser:
     checkpoint = sub.add_parser("checkpoint", help="run the ranks' walltime hooks (hpc.on_walltime) now")
     checkpoint.add_argument("path", nargs="?", help="where hpc.Checkpoint saves go this time (default: each one's own)")
     more = sub.add_parser("extend", help="more walltime for this notebook job, within the site's policy")
-    more.add_argument("duration", type=_duration, help="how much more: 30m, 2h or Slurm's HH:MM:SS")
+    more.add_argument("duration", type=duration, help="how much more: 30m, 2h or Slurm's HH:MM:SS")
     export = sub.add_parser("export", help="this notebook's rank cells as a batch job: an sbatch and a Python script")
     export.add_argument("--cells", default="all", help="the cells with this tag, or all (default)")
     export.add_argument("--out-dir", help="where the scripts go (default: beside the notebook)")
@@ -145,20 +149,25 @@ class HPCMagics(Magics):  # type: ignore[misc]
     @line_magic
     def hpc(self, line: str) -> Any:
         """%hpc start [-n N] [--nodes K] [--gpus-per-node G] [--launcher srun|mpirun|local] [--framework F]
-        [--telemetry S] | attach [CLUSTER_ID] | stop | restart | status | top [--for S] [--straggler SHARE] | telemetry S | stacks [--native]
+        [--telemetry S] [--time T --partition P --account A: outside a job, an allocation of its own]
+        | attach [CLUSTER_ID] | stop | restart | status | top [--for S] [--straggler SHARE] | telemetry S | stacks [--native]
         | checkpoint [PATH] | restore [PATH] | extend DURATION | continue | export [--cells TAG] [--out-dir D]
         | panel"""
         args = parse(hpc_parser(), line)
         engines = engines_api.current()
         if args.command == "start":
+            ask = _own_request(args, engines)
+            if ask is not None and not (engines.own_job and engines.own_job.request == ask):
+                print(f"asking Slurm for {ask.describe()} (released at %hpc stop or when this kernel ends)", flush=True)
             ranks = engines.start(n=args.n, nodes=args.nodes, gpus_per_node=args.gpus_per_node, launcher=args.launcher,
                                   framework=None if args.framework == "none" else args.framework,
-                                  telemetry_interval=args.telemetry)
+                                  telemetry_interval=args.telemetry, ask=ask, pending=_print_pending)
             for old in engines.replaced:
                 print(f"stopped {old.cluster_id} ({old.n} ranks), left running by a kernel that is gone "
                       "(%hpc attach would have used it)")
             warm = f"; {engines.warm} initialising on every rank" if engines.warm else ""
-            print(f"{len(ranks)} engines ready ({engines.layout.launcher}){warm}:")  # type: ignore[union-attr]
+            own = f" in this kernel's Slurm job {engines.own_job.job_id}" if engines.own_job else ""
+            print(f"{len(ranks)} engines ready ({engines.layout.launcher}){own}{warm}:")  # type: ignore[union-attr]
             _print_ranks(ranks)
         elif args.command == "attach":
             ranks = engines.attach(args.cluster_id)
@@ -167,8 +176,9 @@ class HPCMagics(Magics):  # type: ignore[misc]
                   "with everything defined on them:")
             _print_ranks(ranks)
         elif args.command == "stop":
+            job = engines.own_job.job_id if engines.own_job else None
             engines.stop()
-            print("engines stopped")
+            print("engines stopped" + (f"; Slurm job {job} released" if job else ""))
         elif args.command == "restart":
             _print_ranks(engines.restart())
         elif args.command == "status":
@@ -236,6 +246,29 @@ class HPCMagics(Magics):  # type: ignore[misc]
             self.shell.user_ns[args.var] = [values[r] for r in sorted(values)]
             return None
         return values[0]
+
+
+def _own_request(args: argparse.Namespace, engines: engines_api.Engines) -> own_job.Request | None:
+    """What ``%hpc start`` asks Slurm for: outside any job, --nodes, --time, --partition or --account ask for an
+    allocation of the kernel's own (one rank per GPU; GPUs per node from -n, else 1), for --time."""
+    outside = engines.allocation is None and args.launcher in (None, "srun")
+    if not (args.time or args.partition or args.account or (outside and args.nodes)):
+        return None
+    if not args.time:
+        raise HPCAIError("outside a Slurm job, %hpc start --nodes asks Slurm for an allocation of this kernel's own, "
+                         "and a job that holds GPU nodes says for how long",
+                         "add --time (30m, 2h or HH:MM:SS); for engines on this machine leave out --nodes")
+    nodes = args.nodes or 1
+    per_node = args.gpus_per_node or (-(-args.n // nodes) if args.n else 1)
+    return own_job.Request(nodes, per_node, args.time, args.partition, args.account)
+
+
+def _print_pending(info: dict[str, str]) -> None:
+    """One line per change while Slurm has not started the kernel's job."""
+    start = info["StartTime"] or "not known yet"
+    reason = info["Reason"] if info["Reason"] not in ("", "None") else "not scheduled yet"
+    print(f"Slurm job {info['JobId']}: {info['JobState'].lower()} ({reason}), "
+          f"expected start {start}", flush=True)
 
 
 def _export(engines: engines_api.Engines, chosen: str, out_dir: str | None) -> None:

@@ -1,5 +1,7 @@
 """`ClusterPanel`: pick nodes and GPUs, start/stop/restart the engines, watch the ranks, their telemetry and
-the walltime.
+the walltime. Outside any Slurm job it can also ask Slurm for an allocation of the kernel's own (as
+``%hpc start --nodes N --time T`` does): that start runs in a thread, so the notebook stays usable while the job
+waits, and Stop releases the job.
 
 Controls and display only; every action is a call on the engines API, and its errors show in the panel.
 The panel follows the engines' state whoever changes it (its buttons, or `%hpc` in another cell): it
@@ -17,8 +19,12 @@ from . import engines as engines_api
 from .engines import telemetry
 from .engines.cluster import Engines
 from .engines.launch import usable
+from .engines.own_job import Request
 from .errors import HPCAIError
 from .slurm import format_duration
+
+
+THIS_MACHINE, OWN_JOB = "this machine", "a Slurm job of its own"
 
 
 class ClusterPanel(w.VBox):  # type: ignore[misc]
@@ -35,6 +41,14 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
                                               description="GPUs per node", style=style)
         launchers = usable(alloc)
         self.launcher = w.Dropdown(options=launchers, value=launchers[0], description="Launcher", style=style)
+        # outside a job: where the engines go, and the allocation to ask for
+        self.where = w.ToggleButtons(options=[THIS_MACHINE, OWN_JOB], value=THIS_MACHINE, description="Run on",
+                                     style=style, layout=w.Layout(display="none" if alloc else ""))
+        self.time = w.Text(value="1:00:00", description="Time", placeholder="30m, 2h or HH:MM:SS", style=style)
+        self.partition = w.Text(description="Partition", placeholder="the default", style=style)
+        self.account = w.Text(description="Account", placeholder="the default", style=style)
+        self.ask_row = w.HBox([self.time, self.partition, self.account], layout=w.Layout(display="none"))
+        self.where.observe(self._where_changed, names="value")
         self.start_button = w.Button(description="Start", button_style="success", icon="play")
         self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop")
         self.restart_button = w.Button(description="Restart", icon="refresh")
@@ -46,14 +60,16 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
         self.walltime = w.HTML()
         self.message = w.HTML()
         self._alive: dict[int, bool] = {}  # by rank, as of the last change of state
-        self.start_button.on_click(lambda _: self._act(self._start))
+        self.start_button.on_click(lambda _: self._on_start())
         self.stop_button.on_click(lambda _: self._act(self.engines.stop))
         self.restart_button.on_click(lambda _: self._act(lambda: self.engines.restart(progress=self._progress)))
         self.attach_button.on_click(lambda _: self._act(self.engines.attach))
         job = f"job {alloc.job_id} on {', '.join(alloc.nodes)}" if alloc else "no Slurm job: local engines"
         super().__init__([
             w.HTML(f"<b>HPC engines</b> &mdash; {escape(job)}"),
+            self.where,
             w.HBox([self.nodes, self.gpus_per_node, self.launcher]),
+            self.ask_row,
             w.HBox([self.start_button, self.stop_button, self.restart_button, self.attach_button]),
             self.progress, self.state, self.ranks, self.walltime, self.message,
         ])
@@ -62,9 +78,47 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
         self._timer = _Repeat(tick_seconds, self._tick)
         self._timer.start()
 
+    def _where_changed(self, change: dict[str, str]) -> None:
+        """Asking for a job: any number of nodes, the srun launcher, and the request's fields."""
+        own = change["new"] == OWN_JOB
+        self.ask_row.layout.display = "" if own else "none"
+        self.launcher.disabled = own
+        self.nodes.max = 1024 if own else 1
+        if not own:
+            self.nodes.value = 1
+
+    def _on_start(self) -> None:
+        """Start here; or ask Slurm for a job, the wait in a thread (Start stays off until it ends: the engines
+        refuse a second start meanwhile anyway)."""
+        if self.where.value != OWN_JOB or self.engines.allocation:
+            self._act(self._start)
+            return
+        try:
+            ask = self._request()
+        except HPCAIError as err:
+            self._act(lambda: _raise(err))
+            return
+        self.start_button.disabled = self.attach_button.disabled = True
+        threading.Thread(target=self._act, name="hpcai-panel-start", daemon=True, args=(
+            lambda: self.engines.start(nodes=ask.nodes, gpus_per_node=ask.gpus_per_node, ask=ask,
+                                       progress=self._progress),)).start()
+
     def _start(self) -> None:
         self.engines.start(nodes=self.nodes.value, gpus_per_node=self.gpus_per_node.value,
                            launcher=self.launcher.value, progress=self._progress)
+
+    def _request(self) -> Request:
+        """The allocation the fields ask for (a clear error for a time Slurm would not read)."""
+        from argparse import ArgumentTypeError
+
+        from .magics import duration  # the same durations as %hpc start --time
+
+        try:
+            seconds = duration(self.time.value.strip())
+        except ArgumentTypeError as err:
+            raise HPCAIError(f"Time: {err}", "how long the job holds the nodes: e.g. 30m, 2h or 1:00:00") from None
+        return Request(self.nodes.value, self.gpus_per_node.value, seconds, self.partition.value.strip() or None,
+                       self.account.value.strip() or None)
 
     def _progress(self, registered: int, wanted: int) -> None:
         self.progress.max, self.progress.value = wanted, registered
@@ -84,15 +138,25 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
     def refresh(self) -> None:
         """Redraw from the engines' state: buttons, state, rank table, walltime."""
         state = self.engines.state
-        busy = state in ("starting", "restarting", "stopping")
+        busy = state in ("pending", "starting", "restarting", "stopping")
         self.start_button.disabled = self.attach_button.disabled = busy or state == "running"
-        self.stop_button.disabled = busy or state == "stopped"
+        self.stop_button.disabled = (busy and state != "pending") or state == "stopped"  # Stop releases a waiting job
         self.restart_button.disabled = busy or self.engines.layout is None
-        label = {"starting": "starting&hellip;", "restarting": "restarting&hellip;", "stopping": "stopping&hellip;"}
-        self.state.value = f'<span class="hpcai-state" data-state="{state}">Engines: <b>{label.get(state, state)}</b></span>'
+        label = {"pending": "waiting for Slurm", "starting": "starting&hellip;", "restarting": "restarting&hellip;",
+                 "stopping": "stopping&hellip;"}
+        self.state.value = (f'<span class="hpcai-state" data-state="{state}">Engines: <b>{label.get(state, state)}</b>'
+                            f'{escape(self._waiting())}</span>')
         self._alive = {r.rank: r.alive for r in self.engines.status()} if state == "running" else {}
         self.progress.max, self.progress.value = max(1, len(self._alive)), sum(self._alive.values())
         self._tick()
+
+    def _waiting(self) -> str:
+        """While the kernel's own job waits: its id, Slurm's reason and expected start."""
+        info, job = self.engines.pending, self.engines.own_job
+        if self.engines.state != "pending" or not info or not job:
+            return ""
+        reason = info["Reason"] if info["Reason"] not in ("", "None") else "not scheduled yet"
+        return f" Slurm job {job.job_id} ({reason}), expected start {info['StartTime'] or 'not known yet'}"
 
     def _tick(self) -> None:
         """Every second: the walltime, and the rank table with the ranks' latest telemetry (read from files,
@@ -124,6 +188,10 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
         self._timer.cancel()
         self._unsubscribe()
         super().close()
+
+
+def _raise(err: HPCAIError) -> None:
+    raise err
 
 
 class _Repeat(threading.Thread):

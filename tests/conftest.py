@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -306,8 +306,10 @@ def kernel_beside_job(env: EnvDir, work: Path, salloc_args: tuple[str, ...] = ("
         found = re.search(r"Granted job allocation (\d+)", log.read_text())
         return int(found[1]) if found else 0
 
+    kernel_pid = 0
     try:
         with _connected(connection, granted) as kernel:
+            kernel_pid = kernel.pid
             yield kernel
     finally:
         if granted():
@@ -319,6 +321,52 @@ def kernel_beside_job(env: EnvDir, work: Path, salloc_args: tuple[str, ...] = ("
                 break
             except subprocess.TimeoutExpired:
                 continue
+        _kill_kernel(kernel_pid)  # salloc runs jupyter-kernel in a process group of its own: killpg missed it
+
+
+@contextmanager
+def kernel_outside_job(env: EnvDir, work: Path, environ: dict[str, str] | None = None) -> Iterator[JobKernel]:
+    """A notebook kernel in ``env`` on this host, the login node, in no Slurm job at all (a login-node JupyterLab
+    without salloc); its environment: this process's without any SLURM_* variable, updated with ``environ``."""
+    import shlex
+
+    connection = work / "kernel.json"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_JOB") and k != "SLURM_NODELIST"}
+    with open(work / "kernel.out", "w") as out:
+        kernel = subprocess.Popen(shlex.split(_kernel_command(env, work, connection)), stdout=out,
+                                  stderr=subprocess.STDOUT, start_new_session=True,
+                                  env={**clean, **(environ or {}), "JUPYTER_PATH": str(work / "share" / "jupyter")})
+    kernel_pid = 0
+    try:
+        with _connected(connection, lambda: 0) as connected:
+            kernel_pid = connected.pid
+            yield connected
+    finally:
+        _kill_kernel(kernel_pid)  # in a session of its own (jupyter-kernel starts it so)
+        for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 30)):
+            try:
+                os.killpg(kernel.pid, sig)
+                kernel.wait(timeout=grace)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def _kill_kernel(pid: int) -> None:
+    """SIGKILL a test's kernel and the jupyter-kernel that started it (each leads a process group of its own)."""
+    import psutil
+
+    try:
+        kernel = psutil.Process(pid) if pid else None
+        parent = kernel.parent() if kernel else None
+    except psutil.NoSuchProcess:
+        return
+    for proc in (kernel, parent):
+        with suppress(psutil.NoSuchProcess):
+            if proc is not None and (proc is kernel or "jupyter-kernel" in " ".join(proc.cmdline())):
+                proc.kill()
 
 
 def _kernel_command(env: EnvDir, work: Path, connection: Path) -> str:

@@ -36,7 +36,8 @@ from ..container_launch import ContainerLaunch
 from ..allocation import Allocation
 from ..errors import HPCAIError
 from ..proc import wait_until
-from . import listing, rankside, telemetry
+from . import listing, own_job, rankside, telemetry
+from .controller import command as tied_controller
 from . import stacks as rank_stacks
 from .frameworks import DISTRIBUTIONS, FRAMEWORKS, default_framework
 from .launch import LAUNCHERS, Layout, RankSetLauncher, plan
@@ -46,7 +47,7 @@ from .output import OUTPUT_MODES, RankFailure, Streamer, Write
 CONTINUITY = "__import__('jupyter_hpcai.engines.continuity', fromlist=['hpc'])"  # the ranks' walltime API
 
 Progress = Callable[[int, int], None]  # (engines registered, engines wanted)
-State = Literal["stopped", "starting", "running", "restarting", "stopping"]
+State = Literal["stopped", "pending", "starting", "running", "restarting", "stopping"]
 # Heartbeats every 250 ms (a new engine registers at the first beat it answers); 20 misses (5 s) before an
 # engine counts as dead, as before.
 CONTROLLER_ARGS = ["--HeartMonitor.period=250", "--HeartMonitor.max_heartmonitor_misses=20"]
@@ -124,6 +125,9 @@ class Engines:
         self.folder: Path | None = None  # the set's private folder (listing.py): rank output, telemetry, rank table
         self.telemetry_interval = telemetry.DEFAULT_INTERVAL
         self.replaced: list[listing.EngineSet] = []  # sets no kernel used, stopped by the last start
+        self.own_job: own_job.OwnJob | None = None  # the allocation this kernel asked for itself (own_job.py)
+        self.pending: dict[str, str] | None = None  # its Slurm record while it waits to run
+        self._starting = threading.Lock()  # one start at a time (the panel's waits in a thread)
         if allocation is None:  # outside a job nothing would stop them: they go with the kernel (ipyparallel's atexit)
             atexit.register(self._remove_folder)
         self.state: State = "stopped"
@@ -152,42 +156,109 @@ class Engines:
 
     def start(self, *, n: int | None = None, nodes: int | None = None, gpus_per_node: int | None = None,
               launcher: str | None = None, framework: str | None = "auto", timeout: float = 180,
-              telemetry_interval: float = telemetry.DEFAULT_INTERVAL, progress: Progress | None = None) -> list[Rank]:
+              telemetry_interval: float = telemetry.DEFAULT_INTERVAL, progress: Progress | None = None,
+              ask: own_job.Request | None = None, pending: own_job.Pending | None = None) -> list[Rank]:
         """Start the engines (stopping any running ones first) and return the ranks, in rank order.
 
         ``framework``: initialised by every rank as it boots, so that the first cell finds it ready: a name in
         FRAMEWORKS, "auto" (the env's: Horovod, else torch) or None (only on first use).
         ``telemetry_interval``: seconds between the ranks' telemetry samples (0: off).
+        ``ask``: outside any job, the allocation to submit and start in (own_job.py), kept until ``stop``;
+        ``pending`` hears its record while Slurm has not started it.
         """
+        if not self._starting.acquire(blocking=False):
+            raise HPCAIError("a start of these engines is under way (in the panel, or another thread)",
+                             "wait for it, or %hpc stop (which also releases a job that waits)")
+        try:
+            return self._start_or_ask(n, nodes, gpus_per_node, launcher, framework, timeout, telemetry_interval,
+                                      progress, ask, pending)
+        finally:
+            self._starting.release()
+
+    def _start_or_ask(self, n: int | None, nodes: int | None, gpus_per_node: int | None, launcher: str | None,
+                      framework: str | None, timeout: float, telemetry_interval: float, progress: Progress | None,
+                      ask: own_job.Request | None, pending: own_job.Pending | None) -> list[Rank]:
         self.telemetry_interval = telemetry.checked_interval(telemetry_interval)
-        layout = plan(self.allocation, n=n, nodes=nodes, gpus_per_node=gpus_per_node, launcher=launcher)
+        if ask is not None:
+            self._check_request(ask, launcher)
+        new_job = ask is not None and self.own_job is None
+        # bad arguments leave running engines be; a new job's layout is checked against the request before it is
+        # submitted, and planned on the real allocation once it runs
+        layout = None if new_job else plan(self.allocation, n=n, nodes=nodes, gpus_per_node=gpus_per_node,
+                                           launcher=launcher)
+        if new_job:
+            plan(ask.as_allocation(), n=n, nodes=nodes, gpus_per_node=gpus_per_node, launcher=launcher)  # type: ignore[union-attr]
         warm = default_framework() if framework == "auto" else framework
         if warm is not None and warm not in FRAMEWORKS:
             raise HPCAIError(f"unknown framework '{warm}'", f"use one of: {', '.join(FRAMEWORKS)}, or none")
         restarting = self.state == "restarting"
-        if self.running:
-            self.stop(notify=False)
+        self.stop(notify=False, release=False)
         self._set_state("restarting" if restarting else "starting")
-        self.replaced = listing.stop_detached(self.job)  # a restarted kernel's engines: GPUs nobody uses
         try:
+            if new_job:
+                self._enter_own_job(ask, pending)  # type: ignore[arg-type]
+            elif self.own_job is not None:
+                self._check_own_job()
+            layout = layout or plan(self.allocation, n=n, nodes=nodes, gpus_per_node=gpus_per_node, launcher=launcher)
+            self.replaced = listing.stop_detached(self.job)  # a restarted kernel's engines: GPUs nobody uses
             self._start(layout, warm, timeout, progress)
-        except BaseException:
+        except BaseException:  # an interrupt while Slurm has not started the job too: it is cancelled
             self.stop()
             raise
         self._set_state("running")
         return self.ranks
+
+    def _check_request(self, ask: own_job.Request, launcher: str | None) -> None:
+        """An allocation may be asked for outside any job, once, for ranks that srun starts."""
+        if self.allocation is not None and self.own_job is None:
+            raise HPCAIError(f"this kernel runs in Slurm job {self.allocation.job_id} already",
+                             "leave out --time, --partition and --account: the engines start in that job")
+        if self.own_job is not None and self.own_job.request != ask:
+            raise HPCAIError(f"this kernel holds Slurm job {self.own_job.job_id} ({self.own_job.request.describe()})",
+                             "use it (%hpc start without --time), or %hpc stop to release it, then ask again")
+        if launcher not in (None, "srun"):
+            raise HPCAIError(f"the ranks in a job this kernel asks for start with srun, not {launcher}",
+                             "leave out --launcher")
+
+    def _enter_own_job(self, ask: own_job.Request, pending: own_job.Pending | None) -> None:
+        """Submit ``ask``, wait until Slurm runs it (state "pending" meanwhile), and take it as the allocation."""
+        self.own_job = job = own_job.OwnJob(ask)
+        job.submit()
+
+        def waiting(info: dict[str, str]) -> None:
+            self.pending = info
+            self._set_state("pending")
+            if pending:
+                pending(info)
+
+        job.enter(job.wait(waiting))
+        self.pending = None
+        self._set_state("starting")
+        self.allocation = Allocation.current()
+
+    def _check_own_job(self) -> None:
+        """This kernel's own job still runs (a time limit may have ended it)."""
+        assert self.own_job is not None
+        info = slurm.job_info(self.own_job.job_id)
+        if not info or info["JobState"] != "RUNNING":
+            state = info["JobState"] if info else "gone"
+            raise HPCAIError(f"this kernel's Slurm job {self.own_job.job_id} is no longer running ({state})",
+                             f"ask for a new one: %hpc start --nodes {self.own_job.request.nodes} --gpus-per-node "
+                             f"{self.own_job.request.gpus_per_node} --time ...")
 
     def _start(self, layout: Layout, warm: str | None, timeout: float, progress: Progress | None) -> None:
         self.timeline = timeline = Timeline()
         cluster_id = f"hpcai-{self.job}-{os.getpid()}-{next(_start_ids)}"  # never a previous start's files
         config = Config()
         config.RankSetLauncher.launcher = layout.launcher
+        if self.goes_with_kernel:  # a killed kernel's controller stops too (controller.py)
+            config.LocalControllerLauncher.controller_cmd = tied_controller(os.getpid())
         self.listens = controller_ip(self.allocation)
         self.cluster = cluster = ipp.Cluster(
             n=layout.n, engine_launcher_class=RankSetLauncher, controller_ip=self.listens,
             cluster_id=cluster_id, config=config, engine_timeout=int(timeout), log_level=40,
             controller_args=CONTROLLER_ARGS, send_engines_connection_env=False,
-            shutdown_atexit=self.allocation is None)
+            shutdown_atexit=self.goes_with_kernel)
         # the set's folder sits in the profile, which every node reads already (the connection file); the
         # command names it, so it is set once the cluster knows its profile (the engine set reads the cluster's config)
         self.folder = listing.create_set_folder(Path(cluster.profile_dir), cluster_id)
@@ -219,6 +290,11 @@ class Engines:
         self._write_rank_table()
         timeline.ranks_reached(rank_timelines)
         timeline.mark("rank table + preflight data")
+
+    @property
+    def goes_with_kernel(self) -> bool:
+        """Outside a job, and in the kernel's own job, the engines stop with the kernel; in a job they outlive it."""
+        return self.allocation is None or self.own_job is not None
 
     @property
     def job(self) -> str:
@@ -321,8 +397,9 @@ class Engines:
         return ([r for r, _ in ranks], {r.rank: i["versions"] for r, i in ranks}, [i["timeline"] for _, i in ranks],
                 {i["framework"] for _, i in ranks})
 
-    def stop(self, notify: bool = True) -> None:
-        """Stop the engines and the controller. Harmless when nothing runs."""
+    def stop(self, notify: bool = True, release: bool = True) -> None:
+        """Stop the engines and the controller, and (``release``) end this kernel's own job if it has one.
+        Harmless when nothing runs."""
         client, cluster = self._client, self.cluster
         self._client = self.cluster = None
         self.ranks, self.framework, self.warm = [], None, None
@@ -335,6 +412,9 @@ class Engines:
                 cluster.stop_controller_sync()
             listing.forget_processes(cluster.cluster_id)
         self._remove_folder()
+        if release and self.own_job is not None:
+            self.own_job.release()
+            self.own_job = self.pending = self.allocation = None
         if notify:
             self._set_state("stopped")
 
