@@ -14,12 +14,13 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import joblog, kernelspec
+from . import joblog, kernelspec, paths
 from .devcluster import DevCluster
 from .envs import BuildRequest, EnvDir, EnvStore, Event, load_recipe, open_env, remote
 from .envs.container import import_container
 from .envs.container import warnings as container_warnings
 from .envs.pip import INSTALLERS
+from .siteinit import HUB_CONFIG, STATE_DIR
 from .envs.preflight import preflight
 from .errors import HPCAIError
 
@@ -389,7 +390,7 @@ def spawner() -> None:
 
 @spawner.command("preview")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=Path("spawner_config/jupyterhub_config.py"), show_default=True, help="The hub's config file.")
+              default=HUB_CONFIG, show_default=True, help="The hub's config file.")
 @click.option("--profile", help="Profile name [default: the first].")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="A user option, e.g. nodes=2.")
 @click.option("--user", default="nobody", show_default=True, help="The unix user the job would run as.")
@@ -522,7 +523,49 @@ def bench_overhead(env_name: str, partition: str | None, nodes: int, gpus_per_no
 
 @cli.group()
 def site() -> None:
-    """The site's install: checks an admin runs on the hub host."""
+    """The site's install, on the hub host: write its config (init), check it (check)."""
+
+
+@site.command("init")
+@click.option("--hub-config", type=click.Path(dir_okay=False, path_type=Path), default=HUB_CONFIG,
+              show_default=True, help="Where the hub's config goes.")
+@click.option("--site-config", type=click.Path(dir_okay=False, path_type=Path), default=paths.SITE_CONFIG,
+              show_default=True, help="Where the site config goes (kernels and hpcai read it; HPCAI_CONFIG elsewhere).")
+@click.option("--bind-url", default="http://127.0.0.1:8000", show_default=True,
+              help="The hub's URL (JupyterHub.bind_url): https, or loopback http behind a TLS proxy.")
+@click.option("--allowed-group", "allowed_groups", multiple=True,
+              help="A unix group whose members may log in (repeat for more) [default: none yet: nobody].")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=STATE_DIR,
+              show_default=True, help="The hub's database, cookie secret and proxy pid file (made 0700).")
+@click.option("--env-root", "env_roots", multiple=True, type=click.Path(file_okay=False, path_type=Path),
+              help="A folder of site environments (repeat for more) [default: the current site roots].")
+@click.option("--force", is_flag=True, help="Replace existing files (each kept as FILE.bak).")
+@click.option("--print", "show", is_flag=True, help="Print both files instead of writing them.")
+def site_init(hub_config: Path, site_config: Path, bind_url: str, allowed_groups: tuple[str, ...], state_dir: Path,
+              env_roots: tuple[Path, ...], force: bool, show: bool) -> None:
+    """Write the hub's config and the site config for this cluster: the hub's address on the nodes' network and
+    profiles from the GPU partitions (sinfo) filled in, every HPCSlurmSpawner setting listed commented with its
+    help. Review the lines marked EDIT, then run: hpcai site check --config HUB_CONFIG --user SOMEONE."""
+    from . import siteinit
+
+    site = siteinit.detect(bind_url, state_dir.absolute(), [r.absolute() for r in env_roots] or paths.site_env_roots(),
+                           list(allowed_groups))
+    files = [(hub_config, siteinit.hub_config(site), 0o600), (site_config, siteinit.site_config(site), 0o644)]
+    if show:
+        for path, text, _ in files:
+            click.echo(f"# ==> {path} <==\n{text}")
+        return
+    siteinit.state_folder(state_dir)
+    for path, text, mode in files:
+        backup = siteinit.write(path, text, mode, force)
+        console.print(f"wrote {esc(path)}" + (f" (the old one: {esc(backup)})" if backup else ""))
+    if not allowed_groups:
+        console.print("[yellow]nobody may log in yet:[/] name the groups in PAMAuthenticator.allowed_groups (or "
+                      "run again with --allowed-group GROUP --force)")
+    console.print(f"hub address on the nodes' network: {esc(site.hub_ip)} (route to {esc(site.first_node)}); "
+                  f"profiles from: {esc(', '.join(p.name for p in site.partitions))}")
+    console.print(f"next: review the EDIT lines, then hpcai site check --config {esc(hub_config)} --user SOMEONE; "
+                  f"start the hub with: jupyterhub -f {esc(hub_config)}")
 
 
 @site.command("check")
