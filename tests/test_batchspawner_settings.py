@@ -12,8 +12,8 @@ import pytest
 from batchspawner import SlurmSpawner
 from traitlets.config import Config
 
-from hub_helpers import USER, ensure_user
-from jupyter_helpers import free_port
+from helpers.hub import USER, ensure_user
+from helpers.jupyter import free_port
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.spawner import compat
 from jupyter_hpcai.spawner.spawner import offline_spawner

@@ -1,6 +1,6 @@
 """Container envs with udocker on the dev cluster: import, list, check, kernels and engines inside the container.
 
-The image is a small Debian (tests/container_image.py: debootstrap, cached outside the repo). This
+The image is a small Debian (tests/helpers/image.py: debootstrap, cached outside the repo). This
 machine's udocker settings are configuration only: udocker from the test venv, UDOCKER_TARBALL=""
 (its engine tarball cannot be downloaded here), Debian's proot through tests/proot-drop-k, and a
 UDOCKER_DIR of the session. Fake here: only the GPUs (as everywhere in the suite).
@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, JobKernel, kernel_in_job
-from container_image import MARKER, image_tarball
-from jupyter_helpers import wait_for_stream
+from helpers.envs import REPO
+from helpers.kernels import JobKernel, kernel_in_job
+from helpers.image import MARKER, image_tarball
+from helpers.jupyter import wait_for_stream
 from jupyter_hpcai.engines.launch import LAUNCHERS
 from jupyter_hpcai.envs import ContainerEnv, ContainerLaunch, EnvDir, EnvStore, open_env
 from jupyter_hpcai.envs.container import Settings, import_container
@@ -177,8 +178,8 @@ def test_the_container_sees_no_secret_and_no_more_of_the_host_than_it_needs(deb_
                                                                            devcluster) -> None:  # type: ignore[no-untyped-def]
     """The kernel connects and srun works (test above), yet the image gets no token or secret-named variable,
     and no bind reaches root-only host files, other users' homes or the cluster's keys."""
-    from conftest import attack
-    from hub_helpers import BOB, ensure_user
+    from helpers.record import attack
+    from helpers.hub import BOB, ensure_user
 
     ensure_user(BOB)
     root_only = Path("/var/lib/hpcai/root-only-test")  # not under /tmp, which every container shares

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from conftest import ARTIFACTS
-from hub_helpers import USER, Hub, logged_in_page
-from jupyter_helpers import Server
+from helpers.record import ARTIFACTS
+from helpers.hub import USER, Hub, logged_in_page
+from helpers.jupyter import Server
 from jupyter_hpcai import kernelspec
 from jupyter_hpcai.demo import execute
 from jupyter_hpcai.envs import open_env

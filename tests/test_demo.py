@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_helpers import free_port
+from helpers.jupyter import free_port
 from jupyter_hpcai import slurm
 from jupyter_hpcai.demo import DEMO_USER, REPO, _running, copy_examples, ensure_user
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import JobKernel, kernel_beside_job, kernel_in_job
-from jupyter_helpers import wait_for_stream
+from helpers.kernels import JobKernel, kernel_beside_job, kernel_in_job
+from helpers.jupyter import wait_for_stream
 from jupyter_hpcai.devcluster import SEPARATE
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from condachan import index, make_package
+from helpers.channel import index, make_package
 from jupyter_hpcai.envs import Builder, EnvDir, EnvStore, Event, PrefixEnv, load_recipe, open_env, parse_recipe
 from jupyter_hpcai.envs.manifest import Lock, PrefixManifest
 from jupyter_hpcai.envs.conda import solve

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import kernel_in_job
+from helpers.kernels import kernel_in_job
 from jupyter_hpcai import export, kernelspec
 from jupyter_hpcai.envs import open_env
 from jupyter_hpcai.errors import HPCAIError

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import JobKernel, kernel_in_job
+from helpers.kernels import JobKernel, kernel_in_job
 from jupyter_hpcai.devcluster.cluster import SEPARATE
 from jupyter_hpcai.envs import Builder, EnvStore, Event, load_recipe
 from jupyter_hpcai.errors import HPCAIError

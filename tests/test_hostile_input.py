@@ -233,7 +233,7 @@ def test_rest_spawn_options(site, raw: dict[str, object]) -> None:  # type: igno
     (valid ones are left out: they would start real jobs)."""
     from hypothesis import assume
 
-    from hub_helpers import USER
+    from helpers.hub import USER
 
     hub, profiles, limits, environments = site
     try:
@@ -258,7 +258,7 @@ def test_rest_spawn_options(site, raw: dict[str, object]) -> None:  # type: igno
 
 def test_no_case_crashed(hub) -> None:  # type: ignore[no-untyped-def]
     """Last: nothing above crashed, and no hostile request reached the scheduler."""
-    from hub_helpers import USER
+    from helpers.hub import USER
 
     queued = subprocess.run(["squeue", "--noheader", "--user", USER], capture_output=True, text=True, timeout=30).stdout
     assert not queued.strip(), queued

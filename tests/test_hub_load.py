@@ -20,7 +20,7 @@ from urllib.request import Request, urlopen
 
 import pytest
 
-from jupyter_helpers import Server
+from helpers.jupyter import Server
 from jupyter_hpcai import slurm
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
@@ -248,7 +248,7 @@ def test_forty_users_at_once(devcluster, tmp_path: Path, bench: list[str]) -> No
     still starting: the servers that were up stay attached, a start the restart cut off is asked for again by
     its user (and leaves no job behind), every user but the killed one ends with one server, which the proxy
     reaches, and the killed one is noticed."""
-    from hub_helpers import Hub, ensure_user
+    from helpers.hub import Hub, ensure_user
 
     for user in USERS:
         ensure_user(user)

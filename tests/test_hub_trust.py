@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import attack
-from hub_helpers import BOB, USER, Hub, as_user, ensure_user, every_gpu_held
+from helpers.record import attack
+from helpers.hub import BOB, USER, Hub, as_user, ensure_user, every_gpu_held
 from jupyter_hpcai import allocation, slurm
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import JobKernel, kernel_outside_job
+from helpers.kernels import JobKernel, kernel_outside_job
 from jupyter_hpcai import slurm
 from jupyter_hpcai.demo import CHECK_CELLS
 from jupyter_hpcai.devcluster import SEPARATE

@@ -17,7 +17,7 @@ from jupyter_hpcai import kernelspec, slurm
 from jupyter_hpcai.envs import Builder, EnvDir, EnvStore, load_recipe, open_env
 from jupyter_hpcai.provisioner import KernelEnvError
 from jupyter_hpcai.proc import wait_until
-from jupyter_helpers import execute, jupyter_server, wait_for_stream
+from helpers.jupyter import execute, jupyter_server, wait_for_stream
 
 PROBE = "import os, sys; print(sys.prefix, os.environ['HPCAI_TEST_ACTIVATED'], os.environ['HPCAI_TEST_MODULE'], " \
         "os.environ['PATH'].split(':')[:3])"

@@ -29,9 +29,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from conftest import attack
-from hub_helpers import BOB, USER, Hub, as_user, ensure_user
-from jupyter_helpers import Server, execute
+from helpers.record import attack
+from helpers.hub import BOB, USER, Hub, as_user, ensure_user
+from helpers.jupyter import Server, execute
 from jupyter_hpcai import paths
 from jupyter_hpcai.proc import wait_until
 

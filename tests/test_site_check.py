@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hub_helpers import USER, ensure_user
+from helpers.hub import USER, ensure_user
 
 pytestmark = pytest.mark.slurm
 DEMO = Path(__file__).resolve().parents[1] / "spawner_config" / "demo_config.py"

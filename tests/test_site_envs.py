@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
-from hub_helpers import USER, ensure_user
+from helpers.envs import REPO
+from helpers.hub import USER, ensure_user
 from jupyter_hpcai.envs import Builder, EnvStore, load_recipe
 
 HPCAI = str(Path(sys.executable).parent / "hpcai")

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from hub_helpers import CHROMIUM_ARGS, USER, ensure_user
-from jupyter_helpers import free_port
+from helpers.hub import CHROMIUM_ARGS, USER, ensure_user
+from helpers.jupyter import free_port
 from jupyter_hpcai import demo
 from jupyter_hpcai.proc import wait_until
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from hub_helpers import USER, Hub, as_user, every_gpu_held
-from jupyter_helpers import Server, execute
+from helpers.hub import USER, Hub, as_user, every_gpu_held
+from helpers.jupyter import Server, execute
 from jupyter_hpcai import slurm
 from jupyter_hpcai.devcluster import SEPARATE
 from jupyter_hpcai.proc import wait_until
@@ -367,7 +367,7 @@ def test_hub_restart_keeps_the_server_and_scancel_is_noticed(hub: Hub) -> None:
 def test_browser_spawn_form_to_jupyterlab(hub: Hub) -> None:
     from playwright.sync_api import sync_playwright
 
-    from hub_helpers import logged_in_page
+    from helpers.hub import logged_in_page
 
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
@@ -418,7 +418,7 @@ def test_the_form_says_when_each_profile_would_start(hub: Hub, tmp_path: Path) -
     now; with a reservation in 90 minutes, the 2-hour job waits for its end and the form says 1 hour starts now."""
     from playwright.sync_api import sync_playwright
 
-    from hub_helpers import logged_in_page
+    from helpers.hub import logged_in_page
 
     big, small = "2 nodes x 2 GPUs", "1 node, 1 GPU (debug)"
     blocker = slurm.sbatch(["-N2", "--gpus-per-node=3", "--partition=gpu", "--time=00:20:00",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import JobKernel, kernel_in_job
+from helpers.kernels import JobKernel, kernel_in_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import JobLab, lab_in_job
-from jupyter_helpers import Server, jupyter_server
+from helpers.kernels import JobLab, lab_in_job
+from helpers.jupyter import Server, jupyter_server
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

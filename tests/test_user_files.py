@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import attack
-from hub_helpers import BOB, ensure_user
+from helpers.record import attack
+from helpers.hub import BOB, ensure_user
 from jupyter_hpcai import export
 from jupyter_hpcai.demo import REPO, copy_examples
 from jupyter_hpcai.engines import stacks

@@ -173,7 +173,7 @@ def test_the_guard_speaks_in_the_running_cell_of_a_job_kernel(devcluster, tf_env
     """A kernel in a job whose batch shell would write the mark: the warning lands in the cell that runs."""
     import threading
 
-    from conftest import kernel_in_job
+    from helpers.kernels import kernel_in_job
 
     state = tmp_path / "job-state"
     state.mkdir()

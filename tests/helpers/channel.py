@@ -38,3 +38,20 @@ def index(channel: Path) -> None:
 
     (channel / "linux-64").mkdir(parents=True, exist_ok=True)
     asyncio.run(rattler.index.index_fs(channel, force=True))
+
+
+def add_binary(package: Path, path: str, data: bytes) -> None:
+    """Put a binary file into a package made by make_package (which takes text), updating its metadata."""
+    with tarfile.open(package) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    paths = json.loads(members["info/paths.json"])
+    paths["paths"].append({"_path": path, "path_type": "hardlink", "sha256": hashlib.sha256(data).hexdigest(),
+                           "size_in_bytes": len(data)})
+    members["info/paths.json"] = json.dumps(paths).encode()
+    members["info/files"] += f"{path}\n".encode()
+    members[path] = data
+    with tarfile.open(package, "w:bz2") as tar:
+        for name, blob in members.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(blob), 0o755
+            tar.addfile(info, io.BytesIO(blob))

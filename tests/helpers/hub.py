@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from jupyter_helpers import free_port
+from helpers.jupyter import free_port
 from jupyter_hpcai import slurm
 from jupyter_hpcai.demo import HubProcess, ensure_user
 from jupyter_hpcai.proc import wait_until
