@@ -29,6 +29,7 @@ from .engines.launch import Layout
 from .engines.launch import LAUNCHERS
 from .network import NODE_ADDRS
 from .errors import HPCAIError
+from .magic_args import parse, run_parser
 from .slurm import parse_duration
 
 MAGICS = {"horovod": "%%horovod_run", "torch": "%%torchrun"}  # framework -> the cell magic that runs it
@@ -177,8 +178,6 @@ def read_cells(notebook: Path, chosen: str = ALL) -> list[Cell]:
 
 
 def _cell(index: int, source: str) -> Cell:
-    from .magics import parse, run_parser
-
     first, _, body = source.partition("\n")
     magic = first.split(maxsplit=1)[0] if first.strip() else ""
     if magic in RANK_MAGICS:

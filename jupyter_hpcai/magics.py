@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import html
 import os
-import shlex
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
@@ -16,130 +15,8 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from . import engines as engines_api
 from . import guard, hubapi
 from .engines import own_job, telemetry
-from .engines.frameworks import FRAMEWORKS
-from .engines.launch import LAUNCHERS
-from .engines.output import OUTPUT_MODES
 from .errors import HPCAIError
-from .slurm import parse_duration
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises a clear HPCAIError instead of exiting the kernel."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise HPCAIError(f"{self.prog}: {message}", f"usage: {self.format_usage().strip().removeprefix('usage: ')}")
-
-    def exit(self, status: int = 0, message: str | None = None) -> None:  # type: ignore[override]
-        if message:
-            raise HPCAIError(message.strip())
-        raise HPCAIError(self.format_help().strip())  # --help: show it as the message
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 7 * 24 * 3600:
-        raise argparse.ArgumentTypeError(f"must be between 0 and one week, not {text}")
-    return value
-
-
-def _interval(text: str) -> float:
-    value = float(text) if text.replace(".", "", 1).isdigit() else -1
-    if not (value == 0 or 0.1 <= value <= 3600):
-        raise argparse.ArgumentTypeError(f"must be 0 (off) or between 0.1 and 3600 seconds, not {text}")
-    return value
-
-
-def duration(text: str) -> int:
-    """30m, 2h, or Slurm's time format, in seconds."""
-    unit = {"m": 60, "h": 3600}.get(text[-1:].lower())
-    try:
-        seconds = int(text[:-1]) * unit if unit else parse_duration(text)
-    except ValueError:
-        seconds = None
-    if not seconds or seconds < 60:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration of a minute or more (30m, 2h or HH:MM:SS)")
-    return seconds
-
-
-def _share(text: str) -> float:
-    value = float(text) if text.replace(".", "", 1).isdigit() else -1
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be a share between 0 and 1 (e.g. 0.67), not {text}")
-    return value
-
-
-@functools.cache
-def hpc_parser() -> _Parser:
-    parser = _Parser(prog="%hpc", add_help=True)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    start = sub.add_parser("start", help="start engines (default: one per GPU on every node of the job)")
-    start.add_argument("-n", type=_positive, help="number of engines")
-    start.add_argument("--nodes", type=_positive)
-    start.add_argument("--gpus-per-node", type=_positive)
-    start.add_argument("--launcher", choices=list(LAUNCHERS))
-    start.add_argument("--framework", choices=[*FRAMEWORKS, "auto", "none"], default="auto",
-                       help="initialised by every rank as it starts (auto: the env's, Horovod first)")
-    start.add_argument("--time", type=duration, help="outside a Slurm job: ask Slurm for an allocation of this "
-                                                      "kernel's own, for this long (30m, 2h, HH:MM:SS)")
-    start.add_argument("--partition", help="outside a Slurm job: the partition of this kernel's own allocation")
-    start.add_argument("--account", help="outside a Slurm job: the account of this kernel's own allocation")
-    for name in ("stop", "restart", "status", "panel"):
-        sub.add_parser(name)
-    attach = sub.add_parser("attach", help="use engines running in this job already (an earlier kernel's, or "
-                                           "another notebook's), with what the ranks hold")
-    attach.add_argument("cluster_id", nargs="?", help="which set (default: the only one no kernel uses, else the only one)")
-    start.add_argument("--telemetry", type=_interval, default=telemetry.DEFAULT_INTERVAL, metavar="SECONDS",
-                       help="seconds between the ranks' telemetry samples (0: off)")
-    top = sub.add_parser("top", help="every rank's CPU, memory, GPU and training rate, updated live")
-    top.add_argument("--for", dest="duration", type=_seconds, default=600, help="keep updating this many seconds")
-    top.add_argument("--straggler", type=_share, metavar="SHARE",
-                     help=f"flag ranks whose rate is below this share of the median rate (default: "
-                          f"${telemetry.STRAGGLER_VAR}, else {telemetry.DEFAULT_STRAGGLER_SHARE})")
-    sampling = sub.add_parser("telemetry", help="change how often the running ranks sample themselves")
-    sampling.add_argument("seconds", type=_interval, help="seconds between samples (0: off)")
-    stacks = sub.add_parser("stacks", help="every rank's Python stack, identical ones grouped (py-spy)")
-    stacks.add_argument("--native", action="store_true", help="with the C frames")
-    checkpoint = sub.add_parser("checkpoint", help="run the ranks' walltime hooks (hpc.on_walltime) now")
-    checkpoint.add_argument("path", nargs="?", help="where hpc.Checkpoint saves go this time (default: each one's own)")
-    more = sub.add_parser("extend", help="more walltime for this notebook job, within the site's policy")
-    more.add_argument("duration", type=duration, help="how much more: 30m, 2h or Slurm's HH:MM:SS")
-    export = sub.add_parser("export", help="this notebook's rank cells as a batch job: an sbatch and a Python script")
-    export.add_argument("--cells", default="all", help="the cells with this tag, or all (default)")
-    export.add_argument("--out-dir", help="where the scripts go (default: beside the notebook)")
-    sub.add_parser("continue", help="queue a follow-up notebook job with these options, starting when this one ends")
-    restore = sub.add_parser("restore", help="every hpc.Checkpoint on the ranks loads its latest save")
-    restore.add_argument("path", nargs="?", help="the folder to load from (default: each one's own)")
-    return parser
-
-
-@functools.cache
-def run_parser(prog: str, script: bool = False) -> _Parser:
-    """Options of %%horovod_run / %%torchrun; the line forms take a script and its arguments after them."""
-    parser = _Parser(prog=prog, add_help=True)
-    parser.add_argument("-n", type=_positive, help="ranks (starts engines if none run)")
-    parser.add_argument("--timeout", type=_seconds, help="stop the cell after this many seconds")
-    parser.add_argument("--output", choices=OUTPUT_MODES, default="all")
-    parser.add_argument("--push", default="", help="comma-separated notebook variables to send to every rank")
-    parser.add_argument("-o", dest="var", help="store every rank's result in this variable (a list by rank)")
-    if script:
-        parser.add_argument("script", help="a Python file; its `if __name__ == '__main__'` block runs on every rank")
-        parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
-    return parser
-
-
-def parse(parser: _Parser, line: str) -> argparse.Namespace:
-    try:
-        words = shlex.split(line)
-    except ValueError as err:
-        raise HPCAIError(f"{parser.prog}: {err}", "check the quotes in the magic's arguments") from None
-    return parser.parse_args(words)
+from .magic_args import hpc_parser, parse, run_parser
 
 
 @magics_class
@@ -154,66 +31,7 @@ class HPCMagics(Magics):  # type: ignore[misc]
         | checkpoint [PATH] | restore [PATH] | extend DURATION | continue | export [--cells TAG] [--out-dir D]
         | panel"""
         args = parse(hpc_parser(), line)
-        engines = engines_api.current()
-        if args.command == "start":
-            ask = _own_request(args, engines)
-            if ask is not None and not (engines.own_job and engines.own_job.request == ask):
-                print(f"asking Slurm for {ask.describe()} (released at %hpc stop or when this kernel ends)", flush=True)
-            ranks = engines.start(n=args.n, nodes=args.nodes, gpus_per_node=args.gpus_per_node, launcher=args.launcher,
-                                  framework=None if args.framework == "none" else args.framework,
-                                  telemetry_interval=args.telemetry, ask=ask, pending=_print_pending)
-            for old in engines.replaced:
-                print(f"stopped {old.cluster_id} ({old.n} ranks), left running by a kernel that is gone "
-                      "(%hpc attach would have used it)")
-            warm = f"; {engines.warm} initialising on every rank" if engines.warm else ""
-            own = f" in this kernel's Slurm job {engines.own_job.job_id}" if engines.own_job else ""
-            print(f"{len(ranks)} engines ready ({engines.layout.launcher}){own}{warm}:")  # type: ignore[union-attr]
-            _print_ranks(ranks)
-        elif args.command == "attach":
-            ranks = engines.attach(args.cluster_id)
-            ready = f"; {engines.framework} initialised" if engines.framework else ""
-            print(f"attached to {engines.cluster.cluster_id}: {len(ranks)} engines ({engines.layout.launcher}){ready}, "  # type: ignore[union-attr]
-                  "with everything defined on them:")
-            _print_ranks(ranks)
-        elif args.command == "stop":
-            job = engines.own_job.job_id if engines.own_job else None
-            engines.stop()
-            print("engines stopped" + (f"; Slurm job {job} released" if job else ""))
-        elif args.command == "restart":
-            _print_ranks(engines.restart())
-        elif args.command == "status":
-            ranks = engines.status()
-            if not ranks:
-                print("no engines running; start them with %hpc start")
-            _print_ranks(ranks)
-        elif args.command == "stacks":
-            from .engines.stacks import render
-
-            print(render(engines.stacks(native=args.native)))
-        elif args.command == "telemetry":
-            engines.set_telemetry(args.seconds)
-            print(f"telemetry every {args.seconds:g} s on every rank" if args.seconds else "telemetry off")
-        elif args.command == "top":
-            _top(engines, args.duration, args.straggler)
-        elif args.command == "checkpoint":
-            print(guard.report(engines.checkpoint(args.path)), end="")
-        elif args.command == "extend":
-            granted = hubapi.extend(args.duration)
-            print(f"Slurm job {granted['job_id']} extended: time limit {granted['time_limit']}, ends {granted['end_time']}")
-        elif args.command == "export":
-            _export(engines, args.cells, args.out_dir)
-        elif args.command == "continue":
-            queued = hubapi.follow_up()
-            print(f"follow-up queued: server '{queued['server']}', Slurm job {queued['job_id']}, starts when job "
-                  f"{queued['after']} ends (the hub's home page lists it; then open {queued['url']}).\n"
-                  "There, %hpc start and the cells that make your model, then %hpc restore loads the last checkpoint.")
-        elif args.command == "restore":
-            print(guard.restored(engines.restore(args.path)), end="")
-        elif args.command == "panel":
-            from .widgets import ClusterPanel
-
-            return ClusterPanel(engines)
-        return None
+        return SUBCOMMANDS[args.command](engines_api.current(), args)
 
     @line_cell_magic
     def horovod_run(self, line: str, cell: str | None = None) -> Any:
@@ -254,6 +72,9 @@ def _own_request(args: argparse.Namespace, engines: engines_api.Engines) -> own_
     outside = engines.allocation is None and args.launcher in (None, "srun")
     if not (args.time or args.partition or args.account or (outside and args.nodes)):
         return None
+    if args.launcher not in (None, "srun"):
+        raise HPCAIError(f"the ranks in a job this kernel asks for start with srun, not {args.launcher}",
+                         "leave out --launcher (or --time, --partition and --account for engines on this machine)")
     if not args.time:
         raise HPCAIError("outside a Slurm job, %hpc start --nodes asks Slurm for an allocation of this kernel's own, "
                          "and a job that holds GPU nodes says for how long",
@@ -269,6 +90,85 @@ def _print_pending(info: dict[str, str]) -> None:
     reason = info["Reason"] if info["Reason"] not in ("", "None") else "not scheduled yet"
     print(f"Slurm job {info['JobId']}: {info['JobState'].lower()} ({reason}), "
           f"expected start {start}", flush=True)
+
+
+Engines = engines_api.Engines
+
+
+def _start(engines: Engines, args: argparse.Namespace) -> None:
+    ask = _own_request(args, engines)
+    if ask is not None and not (engines.own_job and engines.own_job.request == ask):
+        print(f"asking Slurm for {ask.describe()} (released at %hpc stop or when this kernel ends)", flush=True)
+    ranks = engines.start(n=args.n, nodes=args.nodes, gpus_per_node=args.gpus_per_node, launcher=args.launcher,
+                          framework=None if args.framework == "none" else args.framework,
+                          telemetry_interval=args.telemetry, ask=ask, pending=_print_pending)
+    for old in engines.replaced:
+        print(f"stopped {old.cluster_id} ({old.n} ranks), left running by a kernel that is gone "
+              "(%hpc attach would have used it)")
+    warm = f"; {engines.warm} initialising on every rank" if engines.warm else ""
+    own = f" in this kernel's Slurm job {engines.own_job.job_id}" if engines.own_job else ""
+    print(f"{len(ranks)} engines ready ({engines.layout.launcher}){own}{warm}:")  # type: ignore[union-attr]
+    _print_ranks(ranks)
+
+
+def _attach(engines: Engines, args: argparse.Namespace) -> None:
+    ranks = engines.attach(args.cluster_id)
+    ready = f"; {engines.framework} initialised" if engines.framework else ""
+    print(f"attached to {engines.cluster.cluster_id}: {len(ranks)} engines ({engines.layout.launcher}){ready}, "  # type: ignore[union-attr]
+          "with everything defined on them:")
+    _print_ranks(ranks)
+
+
+def _stop(engines: Engines, args: argparse.Namespace) -> None:
+    job = engines.own_job.job_id if engines.own_job else None
+    engines.stop()
+    print("engines stopped" + (f"; Slurm job {job} released" if job else ""))
+
+
+def _status(engines: Engines, args: argparse.Namespace) -> None:
+    ranks = engines.status()
+    if not ranks:
+        print("no engines running; start them with %hpc start")
+    _print_ranks(ranks)
+
+
+def _stacks(engines: Engines, args: argparse.Namespace) -> None:
+    from .engines.stacks import render
+
+    print(render(engines.stacks(native=args.native)))
+
+
+def _telemetry(engines: Engines, args: argparse.Namespace) -> None:
+    engines.set_telemetry(args.seconds)
+    print(f"telemetry every {args.seconds:g} s on every rank" if args.seconds else "telemetry off")
+
+
+def _extend(engines: Engines, args: argparse.Namespace) -> None:
+    granted = hubapi.extend(args.duration)
+    print(f"Slurm job {granted['job_id']} extended: time limit {granted['time_limit']}, ends {granted['end_time']}")
+
+
+def _continue(engines: Engines, args: argparse.Namespace) -> None:
+    queued = hubapi.follow_up()
+    print(f"follow-up queued: server '{queued['server']}', Slurm job {queued['job_id']}, starts when job "
+          f"{queued['after']} ends (the hub's home page lists it; then open {queued['url']}).\n"
+          "There, %hpc start and the cells that make your model, then %hpc restore loads the last checkpoint.")
+
+
+def _panel(engines: Engines, args: argparse.Namespace) -> Any:
+    from .widgets import ClusterPanel
+
+    return ClusterPanel(engines)
+
+
+# %hpc's subcommands (their arguments: magic_args.hpc_parser); each returns what the cell shows, or None
+SUBCOMMANDS: dict[str, Callable[[Engines, argparse.Namespace], Any]] = {
+    "start": _start, "attach": _attach, "stop": _stop, "restart": lambda e, a: _print_ranks(e.restart()),
+    "status": _status, "stacks": _stacks, "telemetry": _telemetry, "top": lambda e, a: _top(e, a.duration, a.straggler),
+    "checkpoint": lambda e, a: print(guard.report(e.checkpoint(a.path)), end=""),
+    "restore": lambda e, a: print(guard.restored(e.restore(a.path)), end=""),
+    "extend": _extend, "export": lambda e, a: _export(e, a.cells, a.out_dir), "continue": _continue, "panel": _panel,
+}
 
 
 def _export(engines: engines_api.Engines, chosen: str, out_dir: str | None) -> None:

@@ -93,11 +93,11 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
         if self.where.value != OWN_JOB or self.engines.allocation:
             self._act(self._start)
             return
-        try:
-            ask = self._request()
-        except HPCAIError as err:
-            self._act(lambda: _raise(err))
+        asked: list[Request] = []
+        self._act(lambda: asked.append(self._request()))  # a field Slurm would not read: its error shows
+        if not asked:
             return
+        ask = asked[0]
         self.start_button.disabled = self.attach_button.disabled = True
         threading.Thread(target=self._act, name="hpcai-panel-start", daemon=True, args=(
             lambda: self.engines.start(nodes=ask.nodes, gpus_per_node=ask.gpus_per_node, ask=ask,
@@ -111,7 +111,7 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
         """The allocation the fields ask for (a clear error for a time Slurm would not read)."""
         from argparse import ArgumentTypeError
 
-        from .magics import duration  # the same durations as %hpc start --time
+        from .magic_args import duration  # the same durations as %hpc start --time
 
         try:
             seconds = duration(self.time.value.strip())
@@ -188,10 +188,6 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
         self._timer.cancel()
         self._unsubscribe()
         super().close()
-
-
-def _raise(err: HPCAIError) -> None:
-    raise err
 
 
 class _Repeat(threading.Thread):

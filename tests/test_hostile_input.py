@@ -26,7 +26,7 @@ from jupyter_hpcai.engines.launch import plan
 from jupyter_hpcai.envs import EnvStore
 from jupyter_hpcai.envs.recipe import parse_recipe
 from jupyter_hpcai.errors import HPCAIError
-from jupyter_hpcai.magics import hpc_parser, parse, run_parser
+from jupyter_hpcai.magic_args import hpc_parser, parse, run_parser
 from jupyter_hpcai.slurm import Partition
 from jupyter_hpcai.spawner.options import OptionsError, Profile, merge_limits, validate
 from jupyter_hpcai.spawner.script import render

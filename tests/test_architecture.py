@@ -1,0 +1,90 @@
+"""The code's shape, checked: no import circle in the package (imports inside functions count: they only hide a
+circle), and the tests' conftest.py holds fixtures and pytest hooks only, its helpers in tests/helpers/."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "jupyter_hpcai"
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules ``name`` imports anywhere in its file (a package's own parents left out)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join([*base, node.module] if node.module else base)
+            targets.update(f"{module}.{alias.name}" if f"{module}.{alias.name}" in modules else module
+                           for alias in node.names)
+    found = set()
+    for target in targets:
+        while target not in modules and "." in target:
+            target = target.rpartition(".")[0]
+        if target in modules and target != name and not name.startswith(target + "."):
+            found.add(target)
+    return found
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle_in_the_package() -> None:
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    assert graph["jupyter_hpcai.export"] >= {"jupyter_hpcai.magic_args"}  # the walk sees imports: a control
+    assert _cycles(graph) == []
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # and finds a circle
+
+
+def test_conftest_holds_fixtures_and_hooks_only() -> None:
+    tree = ast.parse((REPO / "tests" / "conftest.py").read_text())
+    loose = [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+             and not node.name.startswith("pytest_")
+             and not any("fixture" in ast.unparse(d) for d in getattr(node, "decorator_list", []))]
+    assert loose == [], f"helpers belong in tests/helpers/: {loose}"
+    importers = [p.name for p in (REPO / "tests").rglob("*.py") if "from conftest import" in p.read_text()
+                 and p.name != "test_architecture.py"]
+    assert importers == []
