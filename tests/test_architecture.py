@@ -88,3 +88,26 @@ def test_conftest_holds_fixtures_and_hooks_only() -> None:
     importers = [p.name for p in (REPO / "tests").rglob("*.py") if "from conftest import" in p.read_text()
                  and p.name != "test_architecture.py"]
     assert importers == []
+
+
+def test_every_hpcai_variable_is_declared_in_the_contract() -> None:
+    """Every HPCAI_* name the code (and the files it ships or runs: configs, scripts, the lab extension) uses is a
+    row of contract.VARIABLES, saying who sets it and who reads it; and every row is still used."""
+    import re
+
+    from jupyter_hpcai.contract import _ROWS, VARIABLES
+
+    assert len(VARIABLES) == len(_ROWS), "a variable is declared twice"
+
+    places = [PACKAGE, REPO / "spawner_config", REPO / "kernels", REPO / "scripts", REPO / "labextension" / "src"]
+    used: dict[str, str] = {}
+    for place in places:
+        for path in place.rglob("*"):
+            if path.is_file() and path.suffix in {".py", ".in", ".json", ".sh", ".ts", ".tsx", ".toml"} \
+                    and path.name != "contract.py":
+                for name in re.findall(r"\bHPCAI_[A-Z0-9_]+\b", path.read_text(errors="replace")):
+                    used.setdefault(name, str(path.relative_to(REPO)))
+    assert "HPCAI_OWN_JOB_GRACE" in used and "HPCAI_JOB_STATE" in used  # the walk reads the code: a control
+    undeclared = {name: where for name, where in used.items() if name not in VARIABLES}
+    assert undeclared == {}, f"declare these in jupyter_hpcai/contract.py: {undeclared}"
+    assert sorted(set(VARIABLES) - set(used)) == [], "declared but used nowhere: remove them from the contract"

@@ -1,0 +1,120 @@
+"""What crosses a process boundary: every HPCAI_* environment variable, which processes set it, which read it.
+
+Imported by every process (the hub, the job's server, kernels, ranks inside a container image): standard library
+only, nothing from this package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+# hub: JupyterHub with the spawner (or spawner_config/demo_config.py); job: the notebook job's batch script
+# (spawner/script.py); server: the Jupyter server in that job, and its kernel provisioner; kernel: the notebook's
+# IPython kernel, or any process that starts engines as it does (a benchmark job); rank: an engine or an exported
+# job's rank, started by srun/mpirun; batch: an exported job's sbatch script (export.py); cli: `hpcai`; bench: the
+# bench/ drivers; admin/user: a site or a person, in the environment; tests: tests/ and the dev cluster's plugin.
+Process = Literal["hub", "job", "server", "kernel", "rank", "batch", "cli", "bench", "admin", "user", "tests"]
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One HPCAI_* variable: who sets it, who reads it, what its value is (and its default)."""
+
+    name: str
+    set_by: tuple[Process, ...]
+    read_by: tuple[Process, ...]
+    meaning: str
+
+
+_ROWS = [
+    # the notebook job: its batch script exports them to the server, and so to the kernel and the ranks
+    Variable("HPCAI_ENV", ("job",), ("tests",),
+             "the profile's env name; unused: the server's kernel comes from --default_kernel_name instead"),
+    Variable("HPCAI_JOB_STATE", ("job",), ("server", "kernel", "rank", "tests"),
+             "the job's private folder ~/.hpcai/jobs/<job id>: walltime mark, engine pids; removed at the job's end"),
+    Variable("HPCAI_WALLTIME_WARNING", ("job",), ("server", "kernel"),
+             "seconds before the walltime at which Slurm signals the job; unset (0): no signal"),
+    # kernel -> rank: set per engine set by Engines.start (mpirun passes them with -x)
+    Variable("HPCAI_NODE_ADDRS", ("kernel", "batch", "bench"), ("rank",),
+             "every node's Slurm address, 'node=addr,...'; a rank finds its own by SLURMD_NODENAME (else loopback)"),
+    Variable("HPCAI_WARM", ("kernel",), ("rank",),
+             "the framework the ranks initialise as they boot (horovod, torch); empty: none"),
+    Variable("HPCAI_CONNECTION_FILE", ("kernel",), ("rank",),
+             "the controller's engine connection file, which each rank waits for before the engine starts"),
+    Variable("HPCAI_CONTROLLER_TIMEOUT", ("kernel",), ("rank",),
+             "seconds a rank waits for the connection file: the start's timeout (180); 60 when unset"),
+    Variable("HPCAI_RANK_FOLDER", ("kernel",), ("rank",),
+             "the engine set's private folder, where each rank writes telemetry-<rank>.json; unset: no telemetry"),
+    Variable("HPCAI_TELEMETRY_INTERVAL", ("kernel",), ("rank",),
+             "seconds between a rank's telemetry samples (%hpc start --telemetry, default 2; 0: off)"),
+    Variable("HPCAI_CONTAINER", ("server", "rank", "cli"), ("kernel",),
+             "JSON ContainerLaunch of a container env's kernel: how ranks run in the same container; unset: none"),
+    # the exported batch job (export.py): its script exports them to its ranks (engines/batch.py)
+    Variable("HPCAI_MASTER_ADDR", ("batch",), ("rank",), "torch's rendezvous address: the first node's Slurm address"),
+    Variable("HPCAI_MASTER_PORT", ("batch",), ("rank",), "torch's rendezvous port: 20000 + job id % 20000"),
+    # on the rank itself
+    Variable("HPCAI_NODE_ADDR", ("rank",), ("rank", "tests"),
+             "this rank's node address (from HPCAI_NODE_ADDRS), reported in rank_info"),
+    Variable("HPCAI_NODE_GPUS", ("rank",), ("tests",),
+             "the node's GPUs as Slurm gave them (comma-separated), before pin kept one in CUDA_VISIBLE_DEVICES"),
+    Variable("HPCAI_RANK", (), ("rank",), "the rank, if no SLURM_PROCID, OMPI_COMM_WORLD_RANK or PMI_RANK"),
+    Variable("HPCAI_LOCAL_RANK", (), ("rank",),
+             "the rank on its node, if no SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK or MPI_LOCALRANKID (default 0)"),
+    Variable("HPCAI_LOCAL_SIZE", (), ("rank",),
+             "ranks on this node, if no OMPI_COMM_WORLD_LOCAL_SIZE or MPI_LOCALNRANKS (else Slurm's tasks per node)"),
+    # site and user settings
+    Variable("HPCAI_CONFIG", ("admin", "tests"), ("hub", "server", "kernel", "cli"),
+             "the site config TOML (default /etc/jupyter-hpcai/config.toml); the hub passes it on (env_keep)"),
+    Variable("HPCAI_ENV_PATH", ("admin", "user", "tests"), ("hub", "server", "kernel", "cli"),
+             "the site's env roots, colon-separated (default: the config's envs.site_roots, else /opt/hpcai/envs)"),
+    Variable("HPCAI_ENV_ROOT", ("user", "tests"), ("hub", "server", "kernel", "cli"),
+             "the user's own env root, where builds go (default ~/.local/share/hpcai/envs)"),
+    Variable("HPCAI_CACHE_DIR", ("user", "bench", "tests"), ("cli",),
+             "download and compiled-wheel caches of env builds (default ~/.cache/hpcai)"),
+    Variable("HPCAI_PIP_INSTALLER", ("admin", "user"), ("cli",),
+             "what installs an env's pip layer: uv or pip (default: the config's envs.installer, else uv)"),
+    Variable("HPCAI_UDOCKER", ("admin", "user", "tests"), ("cli",),
+             "the udocker executable for container imports (default: udocker on PATH, or beside this python)"),
+    Variable("HPCAI_UDOCKER_MODE", ("admin", "user"), ("cli",), "udocker's execution mode for imports (default P1)"),
+    Variable("HPCAI_CONTAINER_ENV_DENY", ("admin", "tests"), ("server", "rank", "cli"),
+             "comma-separated name patterns a container never sees, added to the built-in secret patterns"),
+    Variable("HPCAI_CONTAINER_SLURM_PATHS", ("admin",), ("server", "rank", "cli"),
+             "host paths the Slurm client needs in a container, colon-separated (default: found beside SLURM_CONF)"),
+    Variable("HPCAI_CONTROLLER_IP", ("admin", "user", "tests"), ("kernel",),
+             "where the ipyparallel controller listens (default: route to the first node, else loopback)"),
+    Variable("HPCAI_OWN_JOB_GRACE", ("user", "tests"), ("kernel",),
+             "seconds a kernel's own job outlives its last keepalive, 4 to 3600 (default 120)"),
+    Variable("HPCAI_TORCH_BACKEND", ("user", "tests"), ("kernel", "rank"),
+             "torch.distributed's backend (default: nccl with a GPU, else gloo)"),
+    Variable("HPCAI_STRAGGLER_SHARE", ("admin", "user"), ("server", "kernel"),
+             "share of the median rate below which a rank is a straggler, in (0, 1) (default 0.67)"),
+    Variable("HPCAI_CHECKPOINT_DIR", ("admin", "user"), ("rank",),
+             "where hpc.Checkpoint saves, <dir>/<name> (default ~/.hpcai/checkpoints)"),
+    # the dev cluster, the demo hub (spawner_config/demo_config.py), the benchmarks and the tests
+    Variable("HPCAI_DEVCLUSTER_DIR", ("user",), ("cli", "hub", "tests"),
+             "the dev cluster's state: configs, spool, logs (default /var/lib/hpcai/devcluster)"),
+    Variable("HPCAI_HUB_DIR", ("cli", "user", "tests"), ("hub", "cli"),
+             "the demo hub's state: database, secrets, pid files, log (default /var/lib/hpcai/hub)"),
+    Variable("HPCAI_HUB_PORT", ("cli", "user", "tests"), ("hub", "cli"), "the demo hub's public port (default 8000)"),
+    Variable("HPCAI_HUB_INTERNAL_PORT", ("cli", "tests"), ("hub",),
+             "the demo hub's API port, where the servers reach it (default HPCAI_HUB_PORT + 1)"),
+    Variable("HPCAI_PROXY_API_PORT", ("cli", "tests"), ("hub",),
+             "the demo hub's proxy API port (default HPCAI_HUB_PORT + 2)"),
+    Variable("HPCAI_HUB_API_TOKEN", ("cli", "tests"), ("hub",),
+             "token of the demo hub's admin service hpcai-admin; empty: no such service"),
+    Variable("HPCAI_DEMO_PASSWORD", ("cli", "tests"), ("hub",), "the demo hub's shared DummyAuthenticator password"),
+    Variable("HPCAI_DEMO_USERS", ("cli", "tests"), ("hub",),
+             "accounts that may log in to the demo hub, comma-separated (default hpcai-demo)"),
+    Variable("HPCAI_DEMO_NOTEBOOK", ("cli",), ("hub",),
+             "the notebook the demo hub opens JupyterLab on (hpcai demo: demo.ipynb; unset: /lab)"),
+    Variable("HPCAI_HUB_LOG_LEVEL", ("tests",), ("hub",), "the demo hub's log level (default INFO; the tests: DEBUG)"),
+    Variable("HPCAI_JOB_STATE_INTERVAL", ("tests",), ("hub",),
+             "the demo hub's job_state_interval: seconds between squeue queries (default 1; 0: per spawner)"),
+    Variable("HPCAI_MAX_CONCURRENT_SUBMITS", ("tests",), ("hub",),
+             "the demo hub's max_concurrent_submits (default 8)"),
+    Variable("HPCAI_BENCH", ("rank",), ("bench",),
+             "not a variable: the prefix of rank 0's JSON result line on stdout, which bench/resnet50.py parses"),
+]
+
+VARIABLES: dict[str, Variable] = {v.name: v for v in _ROWS}
