@@ -64,9 +64,9 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
         self.stop_button.on_click(lambda _: self._act(self.engines.stop))
         self.restart_button.on_click(lambda _: self._act(lambda: self.engines.restart(progress=self._progress)))
         self.attach_button.on_click(lambda _: self._act(self.engines.attach))
-        job = f"job {alloc.job_id} on {', '.join(alloc.nodes)}" if alloc else "no Slurm job: local engines"
+        self.header = w.HTML()
         super().__init__([
-            w.HTML(f"<b>HPC engines</b> &mdash; {escape(job)}"),
+            self.header,
             self.where,
             w.HBox([self.nodes, self.gpus_per_node, self.launcher]),
             self.ask_row,
@@ -136,7 +136,11 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
             self.refresh()
 
     def refresh(self) -> None:
-        """Redraw from the engines' state: buttons, state, rank table, walltime."""
+        """Redraw from the engines' state: the job, buttons, state, rank table, walltime."""
+        alloc = self.engines.allocation  # the kernel's own job once it runs
+        job = f"job {alloc.job_id} on {', '.join(alloc.nodes)}" if alloc else "no Slurm job: local engines"
+        own = " (this kernel's own)" if self.engines.own_job and alloc else ""
+        self.header.value = f"<b>HPC engines</b> &mdash; {escape(job + own)}"
         state = self.engines.state
         busy = state in ("pending", "starting", "restarting", "stopping")
         self.start_button.disabled = self.attach_button.disabled = busy or state == "running"

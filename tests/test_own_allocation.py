@@ -123,9 +123,10 @@ def _the_panel_asks_too(kernel: JobKernel) -> None:
                what="the panel's start")
     done = kernel.run("job = panel.engines.own_job.job_id\n"
                       "(panel.message.value, sorted(r.host for r in panel.engines.ranks),"
-                      " [s for s in shown if 'waiting for Slurm' in s][:1], job)")
-    message, hosts, waiting, job = eval(done.result)  # noqa: S307 - our own kernel's repr of a tuple of str
+                      " [s for s in shown if 'waiting for Slurm' in s][:1], job, panel.header.value)")
+    message, hosts, waiting, job, header = eval(done.result)  # noqa: S307 - our own kernel's repr of a tuple of str
     assert (message, hosts) == ("", ["n1", "n2"]), done
+    assert header.endswith(f"job {job} on n1, n2 (this kernel's own)"), header
     assert waiting and re.search(rf"Slurm job {job} \(.+\), expected start", waiting[0]), waiting
     assert kernel.run("panel.stop_button.click()\npanel.engines.state").result == "'stopped'"
     assert _ended(job, timeout=30) == "CANCELLED"
