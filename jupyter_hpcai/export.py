@@ -29,6 +29,7 @@ from .engines.launch import Layout
 from .engines.launch import LAUNCHERS
 from .network import NODE_ADDRS
 from .errors import HPCAIError
+from .jobscript import JobScript, node_address, ranks_per_node
 from .magic_args import parse, run_parser
 from .slurm import parse_duration
 
@@ -196,35 +197,33 @@ def _cell(index: int, source: str) -> Cell:
 def job_script(spec: JobSpec, python_script: Path, python: str | None = None) -> str:
     """The sbatch script: the layout, the env's exact build, one rank per GPU started by srun."""
     launcher = LAUNCHERS["srun"]
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={spec.stem}", f"#SBATCH --nodes={spec.nodes}",
-             f"#SBATCH --ntasks-per-node={spec.gpus_per_node}", f"#SBATCH --gpus-per-node={spec.gpus_per_node}",
-             f"#SBATCH --time={spec.time}"]
-    lines += [f"#SBATCH --partition={spec.partition}"] if spec.partition else []
-    lines += [f"#SBATCH --account={spec.account}"] if spec.account else []
     if any(c.isspace() or not c.isprintable() for c in str(python_script.parent)):
-        raise HPCAIError(f"{str(python_script.parent)!r} has a space or a control character in it, which an "
-                         "#SBATCH line cannot hold",
+        raise HPCAIError(f"{str(python_script.parent)!r} has a space or a control character in it, which the "
+                         "job's #SBATCH lines cannot hold",
                          "write the scripts elsewhere: --out-dir DIR (or %hpc export --out-dir DIR)")
-    lines += [f"#SBATCH --output={python_script.parent}/{spec.stem}-%j.out",
-              f"# Exported by hpcai from {spec.notebook.name} (cells: {spec.chosen}) on {spec.exported}: its "
-              f"{spec.magic} cells as a batch job.",
-              f"# Env {spec.env.name}, build {spec.env.build} in {spec.env.root} (its lock: "
-              f"{spec.env.root}/{spec.env.name}/builds/{spec.env.build}), activated as the notebook's kernel is.",
-              "set -euo pipefail", "unset SLURM_EXPORT_ENV  # the ranks get this shell's whole environment"]
+    lines = [f"# Exported by hpcai from {spec.notebook.name} (cells: {spec.chosen}) on {spec.exported}: its "
+             f"{spec.magic} cells as a batch job.",
+             f"# Env {spec.env.name}, build {spec.env.build} in {spec.env.root} (its lock: "
+             f"{spec.env.root}/{spec.env.name}/builds/{spec.env.build}), activated as the notebook's kernel is.",
+             "set -euo pipefail", "unset SLURM_EXPORT_ENV  # the ranks get this shell's whole environment"]
     # every node's Slurm address, for each rank to find its interface (network.py), as the kernel gives engines
     lines += ["addrs=()",
               'for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do',
-              """  addrs+=("$node=$(scontrol show node "$node" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)")""",
+              f'  addrs+=("$node={node_address(chr(34) + "$node" + chr(34))}")',
               "done",
               f'export {NODE_ADDRS}=$(IFS=,; echo "${{addrs[*]}}")']
     if FRAMEWORKS[spec.framework].params is not None:  # a rendezvous (torch's): the first node, a port from the job id
         lines += ['first=${addrs[0]}', f"export {MASTER_ADDR_VAR}=${{first#*=}}",
                   f"export {MASTER_PORT_VAR}=$((20000 + SLURM_JOB_ID % 20000))"]
-    run = [*launcher.mpi_cmd, f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.gpus_per_node}",
+    per_node = ranks_per_node(spec.gpus_per_node)
+    run = [*launcher.mpi_cmd, f"--nodes={spec.nodes}", f"--ntasks-per-node={per_node}",
            "--distribution=block", "--kill-on-bad-exit=1",
            python or sys.executable, "-m", "jupyter_hpcai.envs.run", "--root", str(spec.env.root),
            "--build", spec.env.build, spec.env.name, "--", str(python_script)]
-    return "\n".join([*lines, shlex.join(run), ""])
+    return JobScript(name=spec.stem, nodes=spec.nodes, tasks_per_node=per_node, gpus_per_node=spec.gpus_per_node,
+                     time=spec.time, partition=spec.partition, account=spec.account,
+                     output=f"{python_script.parent}/{spec.stem}-%j.out",
+                     body="\n".join([*lines, shlex.join(run), ""])).render()
 
 
 def python_script(spec: JobSpec) -> str:

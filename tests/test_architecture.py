@@ -111,3 +111,13 @@ def test_every_hpcai_variable_is_declared_in_the_contract() -> None:
     undeclared = {name: where for name, where in used.items() if name not in VARIABLES}
     assert undeclared == {}, f"declare these in jupyter_hpcai/contract.py: {undeclared}"
     assert sorted(set(VARIABLES) - set(used)) == [], "declared but used nowhere: remove them from the contract"
+
+
+def test_one_place_renders_sbatch_lines() -> None:
+    """Every batch script's header comes from jobscript.JobScript: no other module writes an #SBATCH line."""
+    import re
+
+    line = re.compile(r"""["'(]#SBATCH |#SBATCH \{""")  # the start of a string that is (or builds) an #SBATCH line
+    writers = sorted(str(p.relative_to(REPO)) for p in PACKAGE.rglob("*.py") if line.search(p.read_text()))
+    assert writers == ["jupyter_hpcai/jobscript.py"]
+    assert line.search('x = f"#SBATCH --nodes={n}"') and line.search("'#SBATCH --x'")  # the pattern sees one

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import slurm
+from ..jobscript import JobScript, ranks_per_node
 from ..envs import Env
 from .resnet50 import report
 
@@ -18,10 +19,9 @@ def _run_job(env: Env, results: Path, module: str, args: list[str], *, name: str
     environ = env.environ()
     results.mkdir(parents=True, exist_ok=True)
     log = results / f"{name}-job-%j.out"
-    sbatch = [f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}", f"--time={time_limit}", f"--output={log}",
-              f"--job-name=hpcai-{name}"]
-    sbatch += [f"--gpus-per-node={gpus_per_node}"] * bool(gpus_per_node) + [f"--partition={partition}"] * bool(partition)
-    job = slurm.sbatch([*sbatch, "--wrap", f"exec {shlex.join(env.argv(['python', '-m', module, *args]))}"], env=environ)
+    job = JobScript(name=f"hpcai-{name}", nodes=nodes, tasks_per_node=tasks_per_node, gpus_per_node=gpus_per_node,
+                    time=time_limit, partition=partition, output=str(log),
+                    body=f"exec {shlex.join(env.argv(['python', '-m', module, *args]))}\n").submit(env=environ)
     output = Path(str(log).replace("%j", str(job)))
     on_line(f"{name} job {job}; output: {output}")
     return slurm.follow_output(job, output, on_line)
@@ -50,7 +50,7 @@ def submit_overhead(env: Env, results: Path, *, partition: str | None, nodes: in
     code = _run_job(env, results, "jupyter_hpcai.bench.overhead",
                     [str(results), env.name, str(env.dir.root.path), str(times)],
                     name="overhead", partition=partition, nodes=nodes, gpus_per_node=gpus_per_node,
-                    tasks_per_node=max(gpus_per_node, 1), time_limit=time_limit, on_line=on_line)
+                    tasks_per_node=ranks_per_node(gpus_per_node), time_limit=time_limit, on_line=on_line)
     if code == 0:
         table = overhead_report(json.loads((results / "overhead.json").read_text()), breakdown=breakdown)
         (results / "overhead.md").write_text(table)

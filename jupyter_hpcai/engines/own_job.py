@@ -26,6 +26,7 @@ from pathlib import Path
 from .. import paths, slurm
 from ..allocation import Allocation
 from ..errors import HPCAIError
+from ..jobscript import JobScript, ranks_per_node
 from ..joblog import DEFAULT_DIR as LOG_DIR
 from ..proc import run
 
@@ -61,7 +62,8 @@ class Request:
     account: str | None = None
 
     def __post_init__(self) -> None:
-        for label, value in (("--nodes", self.nodes), ("--gpus-per-node", self.gpus_per_node), ("--time", self.time_limit)):
+        for label, value in (("--nodes", self.nodes), ("--gpus-per-node", self.gpus_per_node),
+                             ("--time", self.time_limit)):
             if value < 1:
                 raise HPCAIError(f"{label} must be at least 1, not {value}")
         for label, value in (("--partition", self.partition), ("--account", self.account)):
@@ -73,29 +75,22 @@ class Request:
         where = f" in {self.partition}" if self.partition else ""
         return f"{self.nodes} node(s) x {self.gpus_per_node} GPU(s){where} for {slurm.format_duration(self.time_limit)}"
 
-    def options(self) -> list[str]:
-        """sbatch's options for the request; given on its command line too, where the site's SBATCH_* variables
-        cannot override them. Only PATH reaches the job's shell (never the kernel's secrets)."""
-        options = [f"--job-name={JOB_NAME}", f"--nodes={self.nodes}", f"--ntasks-per-node={self.gpus_per_node}",
-                   f"--gpus-per-node={self.gpus_per_node}", f"--time={slurm.format_duration(self.time_limit)}",
-                   "--export=PATH"]
-        options += [f"--partition={self.partition}"] if self.partition else []
-        return options + ([f"--account={self.account}"] if self.account else [])
+    def job(self, keepalive: Path, grace: int, log: Path) -> JobScript:
+        """The batch job: the request, then a shell that waits while ``keepalive`` keeps changing. Only PATH
+        reaches its shell from the kernel's environment (never the kernel's secrets)."""
+        step = max(1, min(5, grace // 4))
+        return JobScript(name=JOB_NAME, nodes=self.nodes, tasks_per_node=ranks_per_node(self.gpus_per_node),
+                         gpus_per_node=self.gpus_per_node, time=slurm.format_duration(self.time_limit),
+                         partition=self.partition, account=self.account, output=str(log), extra=("--export=PATH",),
+                         body=HOLD.format(name=keepalive.name, path=shlex.quote(str(keepalive)), grace=grace,
+                                          step=step))
 
     def as_allocation(self) -> Allocation:
         """The allocation this request would get, to check a start's layout against before anything is submitted."""
-        return Allocation(job_id="(asked)", partition=self.partition or "", nodes=[f"node{i}" for i in range(self.nodes)],
+        return Allocation(job_id="(asked)", partition=self.partition or "",
+                          nodes=[f"node{i}" for i in range(self.nodes)],
                           gpus_per_node=self.gpus_per_node, cpus_per_node=0, tasks=self.nodes * self.gpus_per_node,
                           gpus_here=[], end_time=None)
-
-    def script(self, keepalive: Path, grace: int) -> str:
-        """The batch script (printable before submission): the request, then a shell that waits while
-        ``keepalive`` keeps changing."""
-        lines = ["#!/bin/bash", *(f"#SBATCH {option}" for option in self.options())]
-        step = max(1, min(5, grace // 4))
-        return "\n".join(lines) + "\n" + HOLD.format(name=keepalive.name, path=shlex.quote(str(keepalive)),
-                                                     grace=grace, step=step)
-
 
 def grace() -> int:
     """Seconds the job outlives a kernel that stopped keeping it alive (``HPCAI_OWN_JOB_GRACE``)."""
@@ -127,8 +122,8 @@ class OwnJob:
         self._stopped = threading.Event()
         self._file_lock = threading.Lock()  # the keepalive thread never writes the file back after release removed it
 
-    def job_script(self) -> str:
-        return self.request.script(self.keepalive, self.grace)
+    def job_script(self) -> JobScript:
+        return self.request.job(self.keepalive, self.grace, self.log)
 
     def submit(self) -> str:
         """Submit the job (the keepalive running first, so a slow start never reads as a dead kernel)."""
@@ -136,7 +131,8 @@ class OwnJob:
         self._keep_alive()
         atexit.register(self.release)  # the kernel's exit; a killed kernel's job ends itself (the keepalive)
         try:
-            self.job_id = str(slurm.sbatch([*self.request.options(), f"--output={self.log}"], script=self.job_script()))
+            # its options on sbatch's command line too: a site's SBATCH_* variables cannot change them there
+            self.job_id = str(self.job_script().submit(on_command_line=True))
         except HPCAIError as err:
             self.release()
             raise HPCAIError(f"Slurm refused the allocation ({self.request.describe()}): {err.message}",

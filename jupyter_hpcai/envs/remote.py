@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import slurm
-from ..errors import HPCAIError
+from ..jobscript import JobScript
 from ..proc import run
 from .build import BuildRequest
 from .store import EnvStore
@@ -33,19 +33,15 @@ def submit(request: BuildRequest, store: EnvStore, partition: str) -> BuildJob:
     env.require_writable("build")
     gpus = recipe.build.gpus if request.gpus is None else request.gpus
     time_limit = request.time_limit or recipe.build.time
-    for value in (partition, time_limit, request.account or ""):
-        if any(c.isspace() for c in value):
-            raise HPCAIError(f"bad build job option {value!r}: no spaces or newlines", "e.g. --on-partition gpu")
     logs = env.dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     logs.chmod(0o700)
     cmd = [sys.executable, "-m", "jupyter_hpcai.cli", "env", "build", str(request.recipe_path.absolute()), "--name",
            env.name, *request.job_args()]
-    lines = ["#!/bin/bash", f"#SBATCH --job-name=hpcai-build-{env.name}", "#SBATCH --nodes=1", "#SBATCH --ntasks=1",
-             f"#SBATCH --partition={partition}", f"#SBATCH --time={time_limit}", f"#SBATCH --output={logs}/job-%j.out"]
-    lines += [f"#SBATCH --gpus={gpus}"] * bool(gpus) + [f"#SBATCH --account={request.account}"] * bool(request.account)
-    lines += ["export PYTHONUNBUFFERED=1 COLUMNS=160", f"exec {shlex.join(cmd)}", ""]
-    job = slurm.sbatch([], script="\n".join(lines))
+    job = JobScript(name=f"hpcai-build-{env.name}", nodes=1, time=time_limit, partition=partition,
+                    account=request.account or None, output=f"{logs}/job-%j.out",
+                    extra=("--ntasks=1", *([f"--gpus={gpus}"] if gpus else [])),
+                    body=f"export PYTHONUNBUFFERED=1 COLUMNS=160\nexec {shlex.join(cmd)}\n").submit()
     return BuildJob(job, logs / f"job-{job}.out")
 
 

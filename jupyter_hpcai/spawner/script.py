@@ -1,22 +1,16 @@
-"""The notebook server's batch script: a template filled with validated options, every value quoted."""
+"""The notebook server's batch script: validated options in the #SBATCH header (jobscript.JobScript), then the body
+that runs the server, every value that reaches a shell line quoted."""
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
 
+from ..jobscript import JobScript, node_address, ranks_per_node
 from .options import Profile, SpawnOptions
 
-TEMPLATE = """#!/bin/bash
-#SBATCH --job-name=jupyterhub-{user}
-#SBATCH --output={logdir}/jupyterhub-%j.log
-#SBATCH --chdir={homedir}
-#SBATCH --export={keepvars}
-#SBATCH --partition={partition}
-#SBATCH --nodes={nodes}
-#SBATCH --ntasks-per-node={tasks_per_node}
-{gpus}#SBATCH --time={walltime}
-{account}{signal}{after}{extra}
+# after the #SBATCH header (jobscript.JobScript)
+BODY = """
 set -euo pipefail
 {prune}# --export above limits what reaches the job; steps started inside it (srun, the engines) must get the
 # whole environment of the process that starts them again.
@@ -66,7 +60,7 @@ PRUNE = """find {logdir} -maxdepth 1 -name 'jupyterhub-*.log' -mtime +{days} -de
 
 # The hub passes the server's address in JUPYTERHUB_SERVICE_URL; where it left the host out, the server listens
 # on its node's address as Slurm knows it (NodeAddr), which is where the hub connects.
-NODE_ADDRESS = """$(scontrol show node "$SLURMD_NODENAME" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)"""
+NODE_ADDRESS = node_address()
 BIND_NODE_ADDRESS = f"node_addr={NODE_ADDRESS}\n" + """\
 export JUPYTERHUB_SERVICE_URL="${JUPYTERHUB_SERVICE_URL%%://*}://${node_addr}:0${JUPYTERHUB_SERVICE_PREFIX}"
 """
@@ -82,29 +76,17 @@ def render(options: SpawnOptions, profile: Profile, *, user: str, homedir: str, 
     ``bind_node_address``: the server listens on its node's Slurm address (else where the hub's URL says).
     ``walltime_warning``: seconds before the walltime at which Slurm signals the job (0: never); at most half
     the walltime. ``after``: a job this one starts after (its follow-up, %hpc continue), once that ends."""
-    tasks = max(1, options.gpus_per_node)
     logdir = logdir or f"{homedir}/{LOG_DIR}"
     warning = min(walltime_warning, options.walltime_seconds // 2)
     run = SUPERVISED.format(state=shlex.quote(f"{homedir}/{JOB_STATE}"), cmd=shlex.join(cmd),
                             signal_trap=SIGNAL_TRAP.format(warning=warning) if warning else "",
                             epilogue=f"{epilogue}\n" if epilogue else "")
-    return TEMPLATE.format(
-        user=_sbatch_word(user), homedir=_sbatch_word(homedir), keepvars=_sbatch_word(keepvars),
-        logdir=_sbatch_word(logdir), prune=PRUNE.format(logdir=shlex.quote(logdir), days=int(log_days)) if log_days else "",
-        partition=options.partition, nodes=options.nodes, tasks_per_node=tasks,
-        gpus=f"#SBATCH --gpus-per-node={options.gpus_per_node}\n" if options.gpus_per_node else "",
-        walltime=options.walltime,
-        account=f"#SBATCH --account={options.account}\n" if options.account else "",
-        signal=f"#SBATCH --signal=B:USR1@{warning}\n" if warning else "",
-        after=f"#SBATCH --dependency=afterany:{int(after)}\n" if after else "",
-        extra="".join(f"#SBATCH {opt}\n" for opt in (*site_options, *profile.extra_sbatch)),
-        environment=shlex.quote(options.environment), bind=BIND_NODE_ADDRESS if bind_node_address else "",
-        prologue=prologue, run=run,
-    )
-
-
-def _sbatch_word(value: str) -> str:
-    """#SBATCH lines are not parsed by a shell: refuse anything that could end the line or split it."""
-    if any(c in value for c in "\n\r\0 \t"):
-        raise ValueError(f"refusing to write {value!r} into an #SBATCH line")
-    return value
+    body = BODY.format(prune=PRUNE.format(logdir=shlex.quote(logdir), days=int(log_days)) if log_days else "",
+                       environment=shlex.quote(options.environment),
+                       bind=BIND_NODE_ADDRESS if bind_node_address else "", prologue=prologue, run=run)
+    extra = (f"--chdir={homedir}", f"--export={keepvars}", *([f"--signal=B:USR1@{warning}"] if warning else []),
+             *([f"--dependency=afterany:{int(after)}"] if after else []), *site_options, *profile.extra_sbatch)
+    return JobScript(name=f"jupyterhub-{user}", output=f"{logdir}/jupyterhub-%j.log", nodes=options.nodes,
+                     tasks_per_node=ranks_per_node(options.gpus_per_node), gpus_per_node=options.gpus_per_node,
+                     time=options.walltime, partition=options.partition, account=options.account or None,
+                     extra=extra, body=body).render()
