@@ -15,6 +15,7 @@ from .. import hubapi
 from ..allocation import Allocation
 from ..engines import listing
 from ..errors import HPCAIError
+from ..replies import extend_seconds, refuse
 
 
 class AllocationHandler(APIHandler):  # type: ignore[misc]
@@ -49,8 +50,7 @@ class StopEnginesHandler(APIHandler):  # type: ignore[misc]
         found = [s for s in await asyncio.to_thread(listing.job_sets, alloc.job_id if alloc else "local")
                  if s.cluster_id == cluster_id]
         if not found:
-            self.set_status(404)
-            self.finish(json.dumps({"error": f"no engine set '{cluster_id}' in this job", "hint": "refresh the panel"}))
+            refuse(self, HPCAIError(f"no engine set '{cluster_id}' in this job", "refresh the panel"), status=404)
             return
         await asyncio.to_thread(listing.stop_set, found[0])
         self.finish(json.dumps({"stopped": cluster_id}))
@@ -68,25 +68,21 @@ class StacksHandler(APIHandler):  # type: ignore[misc]
         try:
             groups = await asyncio.to_thread(listing.stacks, cluster_id, native)
         except HPCAIError as err:
-            self.set_status(409)
-            self.finish(json.dumps({"error": err.message, "hint": err.hint}))
+            refuse(self, err)
             return
         self.finish(json.dumps({"groups": groups}))
 
 
-class ExtendHandler(APIHandler):  # type: ignore[misc]
+class ExtendThroughHubHandler(APIHandler):  # type: ignore[misc]
     """POST {"seconds": N}: ask the hub for more walltime for this server's job (the site's policy decides)."""
 
     @web.authenticated
     async def post(self) -> None:
-        seconds = (self.get_json_body() or {}).get("seconds")
-        if not isinstance(seconds, int) or isinstance(seconds, bool) or seconds < 60:
-            raise web.HTTPError(400, 'send {"seconds": N}, N a whole number of at least 60')
+        seconds = extend_seconds(self.get_json_body())  # the hub's bounds, checked here first
         try:
             granted = await asyncio.to_thread(hubapi.extend, seconds)
         except HPCAIError as err:
-            self.set_status(409)
-            self.finish(json.dumps({"error": err.message, "hint": err.hint}))
+            refuse(self, err)
             return
         self.finish(json.dumps(granted))
 
@@ -97,4 +93,4 @@ def setup_handlers(web_app: Any) -> None:
                                  (url_path_join(base, "hpcai/api/engines"), EnginesHandler),
                                  (url_path_join(base, "hpcai/api/engines/stop"), StopEnginesHandler),
                                  (url_path_join(base, "hpcai/api/stacks"), StacksHandler),
-                                 (url_path_join(base, "hpcai/api/extend"), ExtendHandler)])
+                                 (url_path_join(base, "hpcai/api/extend"), ExtendThroughHubHandler)])

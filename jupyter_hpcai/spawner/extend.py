@@ -16,10 +16,8 @@ from jupyterhub.apihandlers import APIHandler, default_handlers
 from tornado import web
 
 from ..errors import HPCAIError
+from ..replies import extend_seconds, refuse
 from ..slurm import format_duration, parse_duration
-
-MAX_STEP = 7 * 86400  # one request adds at most this much
-
 
 def new_limit(policy: Mapping[str, str], partition: str, limit: int, add: int, scheduler_max: int | None) -> int:
     """The job's new time limit in seconds, or an error that says why not. ``policy``: partition (or ``*``)
@@ -45,14 +43,6 @@ def new_limit(policy: Mapping[str, str], partition: str, limit: int, add: int, s
     return wanted
 
 
-def checked_seconds(body: object) -> int:
-    """The request's ``seconds``: a whole number of seconds, at least a minute, at most a week."""
-    seconds = body.get("seconds") if isinstance(body, dict) else None
-    if not isinstance(seconds, int) or isinstance(seconds, bool) or not 60 <= seconds <= MAX_STEP:
-        raise web.HTTPError(400, 'send {"seconds": N}, N a whole number from 60 to 604800')
-    return seconds
-
-
 def token_spawner(handler: APIHandler) -> Any:
     """The spawner of the request's user whose server's own token made the request, or None."""
     token = handler.get_auth_token()
@@ -72,13 +62,12 @@ class ExtendHandler(APIHandler):  # type: ignore[misc]
 
     @web.authenticated
     async def post(self) -> None:
-        seconds = checked_seconds(self.get_json_body())
+        seconds = extend_seconds(self.get_json_body())
         spawner = own_spawner(self)
         try:
             granted = await spawner.extend(seconds)
         except HPCAIError as err:
-            self.set_status(409)
-            self.finish(json.dumps({"error": err.message, "hint": err.hint}))
+            refuse(self, err)
             return
         self.finish(json.dumps(granted))
 

@@ -22,6 +22,8 @@ from jupyterhub.apihandlers import APIHandler, default_handlers
 from tornado import web
 
 from ..allocation import end_time
+from ..errors import HPCAIError
+from ..replies import refuse
 from .extend import own_spawner
 
 QUEUED_WITHIN = 30  # seconds for the follow-up's sbatch to answer with a job id
@@ -46,11 +48,9 @@ class ContinueHandler(APIHandler):  # type: ignore[misc]
         current = own_spawner(self)
         user = self.current_user
         if not self.allow_named_servers:
-            self.set_status(409)
-            self.finish(json.dumps({
-                "error": "this hub does not allow named servers, so no follow-up job can wait beside this one",
-                "hint": "%hpc checkpoint, stop this server and start a new one, then %hpc restore there "
-                        "(admins: JupyterHub.allow_named_servers = True)"}))
+            refuse(self, HPCAIError("this hub does not allow named servers, so no follow-up job can wait beside "
+                                    "this one", "%hpc checkpoint, stop this server and start a new one, then "
+                                    "%hpc restore there (admins: JupyterHub.allow_named_servers = True)"))
             return
         name = follow_up_name(current.job_id)
         async with _LOCKS[user.name]:  # the check and the spawn as one step: requests at once queue one follow-up
@@ -59,12 +59,10 @@ class ContinueHandler(APIHandler):  # type: ignore[misc]
                 waiting = next((s for n, s in user.spawners.items() if n.startswith("after-") and s.pending == "spawn"),
                                None)
                 if waiting is not None:  # each waits as a pending spawn, which counts against concurrent_spawn_limit
-                    self.set_status(409)
-                    self.finish(json.dumps({
-                        "error": f"a follow-up job of yours already waits: server {waiting.name} (Slurm job "
-                                 f"{waiting.job_id or 'not yet submitted'})",
-                        "hint": "one follow-up per user waits at a time: let it start, or stop it on the hub's home "
-                                "page"}))
+                    refuse(self, HPCAIError(f"a follow-up job of yours already waits: server {waiting.name} (Slurm "
+                                            f"job {waiting.job_id or 'not yet submitted'})",
+                                            "one follow-up per user waits at a time: let it start, or stop it on the "
+                                            "hub's home page"))
                     return
                 follower = await self._spawn(user, name, current)
         deadline = time.monotonic() + QUEUED_WITHIN
