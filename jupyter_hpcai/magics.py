@@ -72,9 +72,6 @@ def _own_request(args: argparse.Namespace, engines: engines_api.Engines) -> own_
     outside = engines.allocation is None and args.launcher in (None, "srun")
     if not (args.time or args.partition or args.account or (outside and args.nodes)):
         return None
-    if args.launcher not in (None, "srun"):
-        raise HPCAIError(f"the ranks in a job this kernel asks for start with srun, not {args.launcher}",
-                         "leave out --launcher (or --time, --partition and --account for engines on this machine)")
     if not args.time:
         raise HPCAIError("outside a Slurm job, %hpc start --nodes asks Slurm for an allocation of this kernel's own, "
                          "and a job that holds GPU nodes says for how long",
@@ -97,6 +94,8 @@ Engines = engines_api.Engines
 
 def _start(engines: Engines, args: argparse.Namespace) -> None:
     ask = _own_request(args, engines)
+    if ask is not None:
+        engines.check_request(ask, args.launcher)  # refused before anything is said or submitted
     if ask is not None and not (engines.own_job and engines.own_job.request == ask):
         print(f"asking Slurm for {ask.describe()} (released at %hpc stop or when this kernel ends)", flush=True)
     ranks = engines.start(n=args.n, nodes=args.nodes, gpus_per_node=args.gpus_per_node, launcher=args.launcher,

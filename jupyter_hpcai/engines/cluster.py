@@ -180,7 +180,7 @@ class Engines:
                       ask: own_job.Request | None, pending: own_job.Pending | None) -> list[Rank]:
         self.telemetry_interval = telemetry.checked_interval(telemetry_interval)
         if ask is not None:
-            self._check_request(ask, launcher)
+            self.check_request(ask, launcher)
         new_job = ask is not None and self.own_job is None
         # bad arguments leave running engines be; a new job's layout is checked against the request before it is
         # submitted, and planned on the real allocation once it runs
@@ -208,7 +208,7 @@ class Engines:
         self._set_state("running")
         return self.ranks
 
-    def _check_request(self, ask: own_job.Request, launcher: str | None) -> None:
+    def check_request(self, ask: own_job.Request, launcher: str | None) -> None:
         """An allocation may be asked for outside any job, once, for ranks that srun starts."""
         if self.allocation is not None and self.own_job is None:
             raise HPCAIError(f"this kernel runs in Slurm job {self.allocation.job_id} already",
