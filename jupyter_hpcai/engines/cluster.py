@@ -202,8 +202,10 @@ class Engines:
             layout = layout or plan(self.allocation, n=n, nodes=nodes, gpus_per_node=gpus_per_node, launcher=launcher)
             self.replaced = listing.stop_detached(self.job)  # a restarted kernel's engines: GPUs nobody uses
             self._start(layout, warm, timeout, progress)
-        except BaseException:  # an interrupt while Slurm has not started the job too: it is cancelled
-            self.stop()
+        except BaseException:
+            # a job that never ran (an interrupt while it waited, Slurm's refusal) is cancelled; one the kernel is
+            # in stays for the next start (%hpc stop releases it), as the engines' failure is no reason to lose it
+            self.stop(release=self.own_job is not None and not self.own_job.entered)
             raise
         self._set_state("running")
         return self.ranks
