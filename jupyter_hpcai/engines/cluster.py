@@ -240,13 +240,15 @@ class Engines:
 
     def _check_own_job(self) -> None:
         """This kernel's own job still runs (a time limit may have ended it)."""
-        assert self.own_job is not None
-        info = slurm.job_info(self.own_job.job_id)
+        job = self.own_job
+        assert job is not None
+        info = slurm.job_info(job.job_id)
         if not info or info["JobState"] != "RUNNING":
+            self.stop(notify=False)  # out of it: the kernel may ask for a new one
             state = info["JobState"] if info else "gone"
-            raise HPCAIError(f"this kernel's Slurm job {self.own_job.job_id} is no longer running ({state})",
-                             f"ask for a new one: %hpc start --nodes {self.own_job.request.nodes} --gpus-per-node "
-                             f"{self.own_job.request.gpus_per_node} --time ...")
+            raise HPCAIError(f"this kernel's Slurm job {job.job_id} is no longer running ({state})",
+                             f"ask for a new one: %hpc start --nodes {job.request.nodes} --gpus-per-node "
+                             f"{job.request.gpus_per_node} --time ...")
 
     def _start(self, layout: Layout, warm: str | None, timeout: float, progress: Progress | None) -> None:
         self.timeline = timeline = Timeline()
