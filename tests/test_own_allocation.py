@@ -82,6 +82,7 @@ def test_a_kernel_with_no_allocation_asks_for_one_and_releases_it(devcluster, tf
             assert _ended(job, timeout=30) == "CANCELLED"
             assert kernel.run("'SLURM_JOB_ID' in os.environ").result == "False"  # out of the job again
 
+            _a_job_that_ended_is_left(kernel)
             _the_panel_asks_too(kernel)
             _a_killed_kernels_job_ends_itself(kernel)
     finally:
@@ -108,6 +109,20 @@ def _trains_on_the_nodes(kernel: JobKernel, job: str, login_address: str) -> Non
     assert cell.status == "ok", cell.error
     assert re.search(r"loss \S+, \d+ samples/sec on 4 ranks", cell.stdout), cell.stdout
     assert _state(job) == "RUNNING"
+
+
+def _a_job_that_ended_is_left(kernel: JobKernel) -> None:
+    """A job that ends under the kernel (its time limit; here scancel): the next start says so and leaves it, and
+    the kernel may ask for a new one."""
+    started = kernel.run("%hpc start --nodes 1 --gpus-per-node 1 --time 5m", timeout=300)
+    assert started.status == "ok", started.error
+    job = re.search(r"in this kernel's Slurm job (\d+)", started.stdout)[1]  # type: ignore[index]
+    subprocess.run(["scancel", job], timeout=30, check=True)
+    _ended(job, timeout=30)
+    again = kernel.run("%hpc start", timeout=120)
+    assert again.status == "error" and f"this kernel's Slurm job {job} is no longer running" in again.error, again
+    assert "ask for a new one" in again.error
+    assert kernel.run("'SLURM_JOB_ID' in os.environ").result == "False"
 
 
 def _the_panel_asks_too(kernel: JobKernel) -> None:
