@@ -56,7 +56,8 @@ class JobScript:
             ("job-name", self.name), ("output", self.output), ("nodes", self.nodes),
             ("ntasks-per-node", self.tasks_per_node), ("gpus-per-node", self.gpus_per_node or None),
             ("time", self.time), ("partition", self.partition), ("account", self.account)]
-        options = [f"--{key}={sbatch_value(value)}" for key, value in fields if value is not None]
+        given = [(key, value) for key, value in fields if value not in (None, "")]  # "" is not given either
+        options = [f"--{key}={sbatch_value(value)}" for key, value in given]
         own = {option.split("=", 1)[0] for option in options}
         if twice := sorted(own & {option.split("=", 1)[0] for option in self.extra}):
             raise HPCAIError(f"job {self.name}: {', '.join(twice)} in the extra options, which the job sets itself",
