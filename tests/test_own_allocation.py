@@ -5,6 +5,7 @@ The kernel runs on the login host; the ranks on n1 and n2, separate network host
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import signal
@@ -141,7 +142,7 @@ def _the_panel_asks_too(kernel: JobKernel) -> None:
                       " [s for s in shown if 'waiting for Slurm' in s][:1], job, panel.header.value)")
     message, hosts, waiting, job, header = eval(done.result)  # noqa: S307 - our own kernel's repr of a tuple of str
     assert (message, hosts) == ("", ["n1", "n2"]), done
-    assert header.endswith(f"job {job} on n1, n2 (this kernel's own)"), header
+    assert html.unescape(header).endswith(f"job {job} on n1, n2 (this kernel's own)"), header
     assert waiting and re.search(rf"Slurm job {job} \(.+\), expected start", waiting[0]), waiting
     assert kernel.run("panel.stop_button.click()\npanel.engines.state").result == "'stopped'"
     assert _ended(job, timeout=30) == "CANCELLED"
