@@ -83,10 +83,7 @@ def _own_request(args: argparse.Namespace, engines: engines_api.Engines) -> own_
 
 def _print_pending(info: dict[str, str]) -> None:
     """One line per change while Slurm has not started the kernel's job."""
-    start = info["StartTime"] or "not known yet"
-    reason = info["Reason"] if info["Reason"] not in ("", "None") else "not scheduled yet"
-    print(f"Slurm job {info['JobId']}: {info['JobState'].lower()} ({reason}), "
-          f"expected start {start}", flush=True)
+    print(f"Slurm job {info['JobId']}: {info['JobState'].lower()} {own_job.waiting(info)}", flush=True)
 
 
 Engines = engines_api.Engines

@@ -19,7 +19,7 @@ from . import engines as engines_api
 from .engines import telemetry
 from .engines.cluster import Engines
 from .engines.launch import usable
-from .engines.own_job import Request
+from .engines.own_job import Request, waiting
 from .errors import HPCAIError
 from .slurm import format_duration
 
@@ -159,8 +159,7 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
         info, job = self.engines.pending, self.engines.own_job
         if self.engines.state != "pending" or not info or not job:
             return ""
-        reason = info["Reason"] if info["Reason"] not in ("", "None") else "not scheduled yet"
-        return f" Slurm job {job.job_id} ({reason}), expected start {info['StartTime'] or 'not known yet'}"
+        return f" Slurm job {job.job_id} {waiting(info)}"
 
     def _tick(self) -> None:
         """Every second: the walltime, and the rank table with the ranks' latest telemetry (read from files,

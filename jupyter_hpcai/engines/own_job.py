@@ -92,6 +92,12 @@ class Request:
                           gpus_per_node=self.gpus_per_node, cpus_per_node=0, tasks=self.nodes * self.gpus_per_node,
                           gpus_here=[], end_time=None)
 
+def waiting(info: dict[str, str]) -> str:
+    """Why a job waits and when Slurm expects to start it, from its record: "(Resources), expected start T"."""
+    reason = info["Reason"] if info["Reason"] not in ("", "None") else "not scheduled yet"
+    return f"({reason}), expected start {info['StartTime'] or 'not known yet'}"
+
+
 def grace() -> int:
     """Seconds the job outlives a kernel that stopped keeping it alive (``HPCAI_OWN_JOB_GRACE``)."""
     value = os.environ.get(GRACE_VAR, "")
