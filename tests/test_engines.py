@@ -117,6 +117,15 @@ def test_output_modes_and_push(world: JobKernel) -> None:
         "[rank 0 n1] mine 0", "[rank 1 n1] mine 1", "[rank 2 n2] mine 2", "[rank 3 n2] mine 3"]
     cell = world.run("%%horovod_run --output rank0\nprint(f'hello from {rank}')")
     assert cell.stdout.strip() == "[rank 0 n1] hello from 0"
+    # a rank's stdout and stderr are read apart: neither splits nor swallows a line of the other (a Keras warning
+    # on stderr once ate the training's last line on stdout)
+    cell = world.run("%%horovod_run --output rank0\nimport sys, time\n"
+                     "sys.stderr.write('warning: ' + 'w' * 60 + '\\n'); sys.stderr.flush(); time.sleep(0.4)\n"
+                     "print('loss 0.1234', flush=True); time.sleep(0.4)\n"
+                     "sys.stderr.write('half a '); sys.stderr.flush(); time.sleep(0.4); print('done', flush=True)\n"
+                     "sys.stderr.write('line\\n')")
+    assert cell.stdout.splitlines() == ["[rank 0 n1] warning: " + "w" * 60, "[rank 0 n1] loss 0.1234",
+                                        "[rank 0 n1] done", "[rank 0 n1] half a line"], cell.stdout
     world.run("offset = 41")
     cell = world.run("%%horovod_run --push offset -o values\noffset + rank")
     assert cell.status == "ok", cell.error

@@ -42,7 +42,7 @@ from . import stacks as rank_stacks
 from .frameworks import DISTRIBUTIONS, FRAMEWORKS, default_framework
 from .launch import LAUNCHERS, Layout, RankSetLauncher, plan
 from .report import launcher_said
-from .output import OUTPUT_MODES, RankFailure, Streamer, Write
+from .output import OUTPUT_MODES, RankFailure, Streamer, Streams, Write
 
 CONTINUITY = "__import__('jupyter_hpcai.engines.continuity', fromlist=['hpc'])"  # the ranks' walltime API
 
@@ -611,10 +611,10 @@ class Engines:
             return f"(no stacks: {err.message})"
 
     @staticmethod
-    def _texts(whole: Any) -> dict[int, str]:
-        """Each rank's output so far, by rank, from the AsyncResult's raw metadata (its ``stdout`` attribute parses
-        the metadata's dates with dateutil first: about 3 ms a cell on 4 ranks, more than %%px pays in all)."""
-        return {rank: (md.get("stdout") or "") + (md.get("stderr") or "") for rank, md in enumerate(whole._metadata)}
+    def _texts(whole: Any) -> Streams:
+        """Each rank's stdout and stderr so far, by rank, from the AsyncResult's raw metadata (its ``stdout``
+        attribute parses the metadata's dates with dateutil first: about 3 ms a cell on 4 ranks)."""
+        return {rank: (md.get("stdout") or "", md.get("stderr") or "") for rank, md in enumerate(whole._metadata)}
 
     def _watch(self, whole: Any, streamer: Streamer, timeout: float | None, initialising: str | None) -> None:
         """Stream output until every rank is done; stop the world on a dead rank, a dead controller or the timeout.

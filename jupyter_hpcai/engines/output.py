@@ -21,29 +21,34 @@ class RankFailure(HPCAIError):
         self.outcomes = outcomes or {}
 
 
+Streams = dict[int, tuple[str, str]]  # each rank's stdout and stderr so far, by rank
+
+
 @dataclass
 class Streamer:
-    """Turns each rank's growing stdout/stderr into prefixed lines, in one of three modes."""
+    """Turns each rank's growing stdout and stderr into prefixed lines, in one of three modes. The two streams are
+    read apart (each keeps its own unfinished line), so a line of one never splits a line of the other."""
 
     ranks: list[Any]  # cluster.Rank: host by rank
     mode: str
     write: Write
-    _seen: dict[int, int] = field(default_factory=dict)
-    _partial: dict[int, str] = field(default_factory=dict)
+    _seen: dict[tuple[int, int], int] = field(default_factory=dict)  # (rank, stream): characters already read
+    _partial: dict[tuple[int, int], str] = field(default_factory=dict)  # (rank, stream): its unfinished line
     _pending: dict[int, list[str]] = field(default_factory=dict)
 
     def prefix(self, rank: int) -> str:
         return f"[rank {rank} {self.ranks[rank].host}] "
 
-    def feed(self, texts: dict[int, str], final: bool = False) -> None:
-        for rank, text in texts.items():
-            new = self._partial.get(rank, "") + text[self._seen.get(rank, 0):]
-            self._seen[rank] = len(text)
-            *lines, rest = new.split("\n")
-            if final and rest:
-                lines, rest = [*lines, rest], ""
-            self._partial[rank] = rest
-            self._pending.setdefault(rank, []).extend(lines)
+    def feed(self, texts: Streams, final: bool = False) -> None:
+        for rank, streams in texts.items():
+            for key, text in (((rank, i), text) for i, text in enumerate(streams)):
+                new = self._partial.get(key, "") + text[self._seen.get(key, 0):]
+                self._seen[key] = len(text)
+                *lines, rest = new.split("\n")
+                if final and rest:
+                    lines, rest = [*lines, rest], ""
+                self._partial[key] = rest
+                self._pending.setdefault(rank, []).extend(lines)
         self._emit(final)
 
     def _emit(self, final: bool) -> None:
