@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from .envs.pip import INSTALLERS
 from .siteinit import HUB_CONFIG, STATE_DIR
 from .envs.preflight import preflight
 from .errors import HPCAIError
+from .jobscript import Submitted
 
 console = Console(soft_wrap=True)  # long paths and messages stay on one line
 if not console.is_terminal:  # a pipe or a file: tables as wide as their cells, no name cut at 80 columns
@@ -238,17 +240,15 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def _build_in_job(request: BuildRequest, store: EnvStore, partition: str) -> None:
     job = remote.submit(request, store, partition)
-    console.print(f"build job {job.job_id} on partition {esc(partition)}; log: {esc(job.log)}")
-    while True:
-        try:
-            code = remote.follow(job, lambda line: console.print(f"  [dim]{job.job_id}|[/] {esc(line)}", highlight=False))
-            break
-        except KeyboardInterrupt:
-            if click.confirm(f"\ncancel build job {job.job_id}?", default=True):
-                remote.cancel(job)
-                console.print(f"cancelling job {job.job_id}; the env keeps its current build")
+    console.print(f"build job {job.job_id} on partition {esc(partition)}; log: {esc(job.output)}")
+
+    def cancelled() -> None:  # the build stops as on Ctrl-C: follow it to its end
+        console.print(f"cancelling job {job.job_id}; the env keeps its current build")
+
+    code = _follow(job, "build job", lambda line: console.print(f"  [dim]{job.job_id}|[/] {esc(line)}",
+                                                                  highlight=False), cancelled, cancel_default=True)
     if code:
-        raise HPCAIError(f"build job {job.job_id} failed (exit status {code})", f"see its log: {job.log}")
+        raise HPCAIError(f"build job {job.job_id} failed (exit status {code})", f"see its log: {job.output}")
     console.print(f"build job {job.job_id} finished")
 
 
@@ -431,7 +431,7 @@ def job_from_notebook(notebook: Path, chosen: str, nodes: int | None, gpus_per_n
                       out_dir: Path | None, submit: bool) -> None:
     """Write an sbatch script and a Python script that run the notebook's chosen cells as a batch job; print the
     sbatch script."""
-    from . import export, proc, slurm
+    from . import export
 
     spec = export.spec_for(notebook, chosen, env_name, nodes=nodes, gpus_per_node=gpus_per_node, time=walltime,
                            partition=partition, account=account)
@@ -441,21 +441,31 @@ def job_from_notebook(notebook: Path, chosen: str, nodes: int | None, gpus_per_n
     if not submit:
         console.print(f"submit it with: sbatch {esc(sbatch)}")
         return
-    job_id = export.submit(sbatch)
-    log = export.output_file(spec, job_id, out_dir)
-    console.print(f"submitted job {job_id}; its output, {esc(log)}:")
+    job = export.submit(spec, sbatch, out_dir)
+    console.print(f"submitted job {job.job_id}; its output, {esc(job.output)}:")
+
+    def cancelled() -> None:
+        console.print(f"cancelled job {job.job_id}")
+        sys.exit(130)
+
+    code = _follow(job, "job", _say, cancelled, cancel_default=False)
+    console.print(f"job {job.job_id} ended with exit status {code}")
+    sys.exit(code)
+
+
+def _follow(job: Submitted, what: str, say: Callable[[str], None], cancelled: Callable[[], None],
+            cancel_default: bool) -> int:
+    """Follow ``job``'s output until it ends, its exit status; Ctrl-C asks whether to cancel it (``cancelled``
+    runs then), else following goes on."""
     while True:
         try:
-            code = slurm.follow_output(job_id, log, _say)
-            break
+            return job.follow(say)
         except KeyboardInterrupt:
-            if click.confirm(f"\ncancel job {job_id}?", default=False):
-                proc.run(["scancel", str(job_id)], timeout=30)
-                console.print(f"cancelled job {job_id}")
-                sys.exit(130)
-            console.print(f"job {job_id} goes on; following its output again")
-    console.print(f"job {job_id} ended with exit status {code}")
-    sys.exit(code)
+            if click.confirm(f"\ncancel {what} {job.job_id}?", default=cancel_default):
+                job.cancel()
+                cancelled()
+            else:
+                console.print(f"{what} {job.job_id} goes on; following its output again")
 
 
 @cli.group()

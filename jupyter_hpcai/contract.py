@@ -1,4 +1,5 @@
-"""What crosses a process boundary: every HPCAI_* environment variable, which processes set it, which read it.
+"""What crosses a process boundary: every HPCAI_* environment variable, which processes set it, which read it;
+and the files an engine set's kernel and ranks share (the set's folder and its rank table).
 
 Imported by every process (the hub, the job's server, kernels, ranks inside a container image): standard library
 only, nothing from this package.
@@ -7,7 +8,7 @@ only, nothing from this package.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, TypedDict
 
 # hub: JupyterHub with the spawner (or spawner_config/demo_config.py); job: the notebook job's batch script
 # (spawner/script.py); server: the Jupyter server in that job, and its kernel provisioner; kernel: the notebook's
@@ -35,7 +36,7 @@ _ROWS = [
              "the job's private folder ~/.hpcai/jobs/<job id>: walltime mark, engine pids; removed at the job's end"),
     Variable("HPCAI_WALLTIME_WARNING", ("job",), ("server", "kernel"),
              "seconds before the walltime at which Slurm signals the job; unset (0): no signal"),
-    # kernel -> rank: set per engine set by Engines.start (mpirun passes them with -x)
+    # kernel -> rank: set per engine set by RunningSet.launch (mpirun passes them with -x)
     Variable("HPCAI_NODE_ADDRS", ("kernel", "batch", "bench"), ("rank",),
              "every node's Slurm address, 'node=addr,...'; a rank finds its own by SLURMD_NODENAME (else loopback)"),
     Variable("HPCAI_WARM", ("kernel",), ("rank",),
@@ -50,7 +51,7 @@ _ROWS = [
              "seconds between a rank's telemetry samples (%hpc start --telemetry, default 2; 0: off)"),
     Variable("HPCAI_CONTAINER", ("server", "rank", "cli"), ("kernel",),
              "JSON ContainerLaunch of a container env's kernel: how ranks run in the same container; unset: none"),
-    # the exported batch job (export.py): its script exports them to its ranks (engines/batch.py)
+    # the exported batch job (export.py): its script exports them to its ranks (ranks/batch.py)
     Variable("HPCAI_MASTER_ADDR", ("batch",), ("rank",), "torch's rendezvous address: the first node's Slurm address"),
     Variable("HPCAI_MASTER_PORT", ("batch",), ("rank",), "torch's rendezvous port: 20000 + job id % 20000"),
     # on the rank itself
@@ -118,3 +119,37 @@ _ROWS = [
 ]
 
 VARIABLES: dict[str, Variable] = {v.name: v for v in _ROWS}
+
+
+# --- an engine set's folder: <ipyparallel profile>/hpcai-ranks/<cluster id>/, mode 700 ------------------------------
+# Made and removed by the kernel that starts the set (engines/running_set.py); the profile is on every node already
+# (the controller's connection file), so ranks write there wherever they run. Read by the kernel, by another kernel
+# of the job that attaches (engines/listing.py), and by the server extension (the side panel).
+SET_FOLDERS = "hpcai-ranks"  # in the profile: one folder per set
+RANK_TABLE = "ranks.json"  # kernel -> kernel, server: the RankTable below, replaced whole
+RANK_LOG = "rank-{rank}.log"  # rank -> kernel: what srun's rank wrote (the launcher's report after deaths)
+TELEMETRY = "telemetry-{rank}.json"  # rank -> kernel, server: the rank's latest samples (ranks/telemetry.py)
+
+
+class RankRow(TypedDict):
+    """One rank as its engine reported it (ranks/calls.py rank_info), in the rank table."""
+
+    rank: int
+    host: str
+    gpu: str  # the GPU pinned to the rank (CUDA_VISIBLE_DEVICES), "" for none
+    pid: int
+    engine_id: int  # ipyparallel's id for the rank's engine
+    addr: str  # the node's address, which the other nodes reach
+    alive: bool
+
+
+class RankTable(TypedDict):
+    """``ranks.json``: who each rank is, and what a kernel attaching to the set needs."""
+
+    launcher: str  # a name in engines/launch.py LAUNCHERS
+    container: bool  # the ranks run in the kernel's container image
+    ranks: list[RankRow]  # in rank order; empty until every engine registered
+    owners: list[int]  # pids of the kernels using the set (on the host that started it)
+    layout: dict[str, Any]  # engines/launch.py Layout, as a dict
+    warm: str | None  # the framework the ranks initialised as they booted
+    telemetry_interval: float  # seconds between samples (0: off)

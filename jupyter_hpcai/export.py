@@ -4,7 +4,7 @@ cells whose values they ``--push``, as an sbatch script and a Python script that
 - The same environment: the build the notebook's kernelspec names (its root, its build id: the exact build,
   with its lock), activated as the hpcai-env provisioner starts a kernel (``envs/run.py``).
 - The same launcher and layout: ``srun --mpi=pmix`` with one rank per GPU, block distribution, a failing rank
-  ending the step; the same pinning, network and framework init as an engine (``engines/batch.py``).
+  ending the step; the same pinning, network and framework init as an engine (``ranks/batch.py``).
 - The same output: every line under ``[rank N host]``, rank 0's value as the cell's ``Out``.
 
 ``job_script()`` and ``python_script()`` are printable before anything is written or submitted.
@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -23,13 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from .allocation import Allocation
-from .engines.batch import MASTER_ADDR_VAR, MASTER_PORT_VAR
-from .engines.frameworks import FRAMEWORKS
 from .engines.launch import Layout
-from .engines.launch import LAUNCHERS
-from .network import NODE_ADDRS
 from .errors import HPCAIError
-from .jobscript import JobScript, node_address, ranks_per_node
+from .jobscript import JobScript, Submitted, export_node_addresses, rank_launch, ranks_per_node
+from .network import NODE_ADDRS
+from .ranks.batch import MASTER_ADDR_VAR, MASTER_PORT_VAR
+from .ranks.frameworks import FRAMEWORKS
 from .magic_args import parse, run_parser
 from .slurm import parse_duration
 
@@ -196,7 +194,6 @@ def _cell(index: int, source: str) -> Cell:
 
 def job_script(spec: JobSpec, python_script: Path, python: str | None = None) -> str:
     """The sbatch script: the layout, the env's exact build, one rank per GPU started by srun."""
-    launcher = LAUNCHERS["srun"]
     if any(c.isspace() or not c.isprintable() for c in str(python_script.parent)):
         raise HPCAIError(f"{str(python_script.parent)!r} has a space or a control character in it, which the "
                          "job's #SBATCH lines cannot hold",
@@ -207,23 +204,17 @@ def job_script(spec: JobSpec, python_script: Path, python: str | None = None) ->
              f"{spec.env.root}/{spec.env.name}/builds/{spec.env.build}), activated as the notebook's kernel is.",
              "set -euo pipefail", "unset SLURM_EXPORT_ENV  # the ranks get this shell's whole environment"]
     # every node's Slurm address, for each rank to find its interface (network.py), as the kernel gives engines
-    lines += ["addrs=()",
-              'for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do',
-              f'  addrs+=("$node={node_address(chr(34) + "$node" + chr(34))}")',
-              "done",
-              f'export {NODE_ADDRS}=$(IFS=,; echo "${{addrs[*]}}")']
+    lines += export_node_addresses(NODE_ADDRS)
     if FRAMEWORKS[spec.framework].params is not None:  # a rendezvous (torch's): the first node, a port from the job id
         lines += ['first=${addrs[0]}', f"export {MASTER_ADDR_VAR}=${{first#*=}}",
                   f"export {MASTER_PORT_VAR}=$((20000 + SLURM_JOB_ID % 20000))"]
-    per_node = ranks_per_node(spec.gpus_per_node)
-    run = [*launcher.mpi_cmd, f"--nodes={spec.nodes}", f"--ntasks-per-node={per_node}",
-           "--distribution=block", "--kill-on-bad-exit=1",
-           python or sys.executable, "-m", "jupyter_hpcai.envs.run", "--root", str(spec.env.root),
-           "--build", spec.env.build, spec.env.name, "--", str(python_script)]
-    return JobScript(name=spec.stem, nodes=spec.nodes, tasks_per_node=per_node, gpus_per_node=spec.gpus_per_node,
-                     time=spec.time, partition=spec.partition, account=spec.account,
-                     output=f"{python_script.parent}/{spec.stem}-%j.out",
-                     body="\n".join([*lines, shlex.join(run), ""])).render()
+    run = rank_launch(spec.nodes, spec.gpus_per_node, [
+        python or sys.executable, "-m", "jupyter_hpcai.envs.run", "--root", str(spec.env.root), "--build",
+        spec.env.build, spec.env.name, "--", str(python_script)])
+    return JobScript(name=spec.stem, nodes=spec.nodes, tasks_per_node=ranks_per_node(spec.gpus_per_node),
+                     gpus_per_node=spec.gpus_per_node, time=spec.time, partition=spec.partition,
+                     account=spec.account, output=f"{python_script.parent}/{spec.stem}-%j.out",
+                     body="\n".join([*lines, run, ""])).render()
 
 
 def python_script(spec: JobSpec) -> str:
@@ -232,7 +223,7 @@ def python_script(spec: JobSpec) -> str:
     out = [f'"""Exported by hpcai from {spec.notebook.name} (cells: {spec.chosen}) on {spec.exported}: what its',
            f"{magic} cells did, on every rank of a batch job (the .sbatch beside it starts one rank per GPU).",
            'Setup cells ran in the notebook\'s kernel: rank 0 runs them, and what a cell --pushes reaches every rank."""',
-           "from jupyter_hpcai.engines.batch import Job", "", f"job = Job({spec.framework!r})"]
+           "from jupyter_hpcai.ranks.batch import Job", "", f"job = Job({spec.framework!r})"]
     for cell in spec.cells:
         out.append("")
         if cell.framework is None:
@@ -306,12 +297,9 @@ def job_layout(allocation: Allocation | None, layout: Layout | None) -> dict[str
             "partition": info.get("Partition"), "account": info.get("Account") or None}
 
 
-def output_file(spec: JobSpec, job_id: int, folder: Path | None = None) -> Path:
-    """Where a submitted export's output goes (the sbatch script's --output)."""
-    return spec.paths(folder)[1].parent / f"{spec.stem}-{job_id}.out"
-
-
-def submit(sbatch: Path) -> int:
+def submit(spec: JobSpec, sbatch: Path, folder: Path | None = None) -> Submitted:
+    """sbatch the written script; the job, its output where the script's --output says."""
     from . import slurm
 
-    return slurm.sbatch([str(sbatch)])
+    job_id = slurm.sbatch([str(sbatch)])
+    return Submitted(job_id, spec.paths(folder)[1].parent / f"{spec.stem}-{job_id}.out")

@@ -19,7 +19,7 @@ from typing import Any
 
 from . import allocation
 from .engines import Engines
-from .engines.continuity import describe
+from .ranks.continuity import describe
 from .errors import HPCAIError
 
 POLL = 1.0  # seconds between looks for the signal's mark (one stat)

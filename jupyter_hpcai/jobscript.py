@@ -1,19 +1,25 @@
 """Every Slurm batch script the project writes (runs where a job is submitted: the hub, a kernel, the CLI): the
 ``#SBATCH`` header from typed fields, every value checked by one rule, then the body. The notebook server's job
 (spawner/script.py), an exported notebook (export.py), a remote env build (envs/remote.py), a benchmark
-(bench/submit.py) and a kernel's own allocation (engines/own_job.py) all write theirs with ``JobScript``; one
-rank per GPU is decided here (``ranks_per_node``), and so is the shell expression for a node's Slurm address.
+(bench/submit.py) and a kernel's own allocation (engines/own_job.py) all write theirs with ``JobScript``. Decided
+here once: one rank per GPU (``ranks_per_node``), a node's Slurm address in the shell (``node_address``, and every
+node's, ``export_node_addresses``), the line that starts a batch job's ranks (``rank_launch``), and a submitted
+job's following and cancelling (``Submitted``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import shlex
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from . import slurm
 from .errors import HPCAIError
+from .proc import run
 
 SHEBANG = "#!/bin/bash"
+SRUN_RANKS = ("srun", "--mpi=pmix")  # how ranks start in a job: one srun step, PMIx for MPI
 
 
 def node_address(node: str = '"$SLURMD_NODENAME"') -> str:
@@ -24,6 +30,38 @@ def node_address(node: str = '"$SLURMD_NODENAME"') -> str:
 def ranks_per_node(gpus_per_node: int) -> int:
     """One rank per GPU; one rank on a node without GPUs."""
     return max(1, gpus_per_node)
+
+
+def export_node_addresses(variable: str) -> list[str]:
+    """Shell lines that export ``variable`` as every node's Slurm address, "node=addr,..." (network.py's format),
+    leaving them in the array ``addrs`` too (the first node's is ``${addrs[0]#*=}``)."""
+    return ["addrs=()",
+            'for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do',
+            f'  addrs+=("$node={node_address(chr(34) + "$node" + chr(34))}")',
+            "done",
+            f'export {variable}=$(IFS=,; echo "${{addrs[*]}}")']
+
+
+def rank_launch(nodes: int, gpus_per_node: int, argv: Sequence[str]) -> str:
+    """The line that runs ``argv`` on every rank of a batch job: one rank per GPU, block order (rank 0 on the first
+    node), the step ended when a rank fails."""
+    return shlex.join([*SRUN_RANKS, f"--nodes={nodes}", f"--ntasks-per-node={ranks_per_node(gpus_per_node)}",
+                       "--distribution=block", "--kill-on-bad-exit=1", *argv])
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A submitted batch job: its id and the file its output goes to."""
+
+    job_id: int
+    output: Path
+
+    def follow(self, on_line: Callable[[str], None]) -> int:
+        """Every line of its output to ``on_line`` until the job ends; its exit status."""
+        return slurm.follow_output(self.job_id, self.output, on_line)
+
+    def cancel(self) -> None:
+        run(["scancel", str(self.job_id)], timeout=30)
 
 
 def sbatch_value(value: str | int) -> str:
@@ -68,7 +106,8 @@ class JobScript:
         """The whole script, printable before anything is submitted."""
         return "\n".join([SHEBANG, *(f"#SBATCH {option}" for option in self.options())]) + "\n" + self.body
 
-    def submit(self, env: Mapping[str, str] | None = None, on_command_line: bool = False) -> int:
-        """sbatch it; its job id. ``on_command_line``: the options also on sbatch's command line, where a site's
-        SBATCH_* variables cannot override them (they override #SBATCH lines)."""
-        return slurm.sbatch(self.options() if on_command_line else [], env=env, script=self.render())
+    def submit(self, env: Mapping[str, str] | None = None, on_command_line: bool = False) -> Submitted:
+        """sbatch it. ``on_command_line``: the options also on sbatch's command line, where a site's SBATCH_*
+        variables cannot override them (they override #SBATCH lines)."""
+        job_id = slurm.sbatch(self.options() if on_command_line else [], env=env, script=self.render())
+        return Submitted(job_id, Path((self.output or "slurm-%j.out").replace("%j", str(job_id))))

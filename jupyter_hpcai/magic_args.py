@@ -8,8 +8,8 @@ import argparse
 import functools
 import shlex
 
-from .engines import telemetry
-from .engines.frameworks import FRAMEWORKS
+from .ranks import telemetry
+from .ranks.frameworks import FRAMEWORKS
 from .engines.launch import LAUNCHERS
 from .engines.output import OUTPUT_MODES
 from .errors import HPCAIError
@@ -83,8 +83,11 @@ def hpc_parser() -> _Parser:
                                                       "kernel's own, for this long (30m, 2h, HH:MM:SS)")
     start.add_argument("--partition", help="outside a Slurm job: the partition of this kernel's own allocation")
     start.add_argument("--account", help="outside a Slurm job: the account of this kernel's own allocation")
-    for name in ("stop", "restart", "status", "panel"):
-        sub.add_parser(name)
+    for name, said in (("stop", "stop the engines (and release this kernel's own Slurm job)"),
+                       ("restart", "stop the engines and start them again with the same layout and framework"),
+                       ("status", "each rank: host, GPU, pid, alive"),
+                       ("panel", "the ClusterPanel widget: the allocation, the engines and their rank table")):
+        sub.add_parser(name, help=said)
     attach = sub.add_parser("attach", help="use engines running in this job already (an earlier kernel's, or "
                                            "another notebook's), with what the ranks hold")
     attach.add_argument("cluster_id", nargs="?", help="which set (default: the only one no kernel uses, else the only one)")

@@ -14,7 +14,8 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
 from . import engines as engines_api
 from . import guard, hubapi
-from .engines import own_job, telemetry
+from .engines import own_job
+from .ranks import telemetry
 from .errors import HPCAIError
 from .magic_args import hpc_parser, parse, run_parser
 
@@ -109,8 +110,9 @@ def _start(engines: Engines, args: argparse.Namespace) -> None:
 
 def _attach(engines: Engines, args: argparse.Namespace) -> None:
     ranks = engines.attach(args.cluster_id)
-    ready = f"; {engines.framework} initialised" if engines.framework else ""
-    print(f"attached to {engines.cluster.cluster_id}: {len(ranks)} engines ({engines.layout.launcher}){ready}, "  # type: ignore[union-attr]
+    found = engines.running_set()
+    ready = f"; {found.framework} initialised" if found.framework else ""
+    print(f"attached to {found.cluster.cluster_id}: {len(ranks)} engines ({found.layout.launcher}){ready}, "
           "with everything defined on them:")
     _print_ranks(ranks)
 
@@ -129,7 +131,7 @@ def _status(engines: Engines, args: argparse.Namespace) -> None:
 
 
 def _stacks(engines: Engines, args: argparse.Namespace) -> None:
-    from .engines.stacks import render
+    from .ranks.stacks import render
 
     print(render(engines.stacks(native=args.native)))
 
@@ -225,15 +227,15 @@ def _top(engines: engines_api.Engines, duration: float, ratio: float | None) -> 
     from IPython.display import display
 
     handle = display(_TopTable(engines, ratio), display_id=True)
-    folder, every = engines.folder, engines.telemetry_interval
-    if folder is None or not every:
+    watched, every = engines.set, engines.telemetry_interval
+    if watched is None or not every:
         return
     stopped = threading.Event()
 
     def follow() -> None:
         deadline = time.monotonic() + duration
         while not stopped.wait(every) and time.monotonic() < deadline:
-            if engines.folder != folder:  # stopped or restarted: a last update says so
+            if engines.set is not watched:  # stopped or restarted: a last update says so
                 stopped.set()
             handle.update(_TopTable(engines, ratio))
 

@@ -16,8 +16,8 @@ from html import escape
 import ipywidgets as w
 
 from . import engines as engines_api
-from .engines import telemetry
-from .engines.cluster import Engines
+from .ranks import telemetry
+from .engines import Engines
 from .engines.launch import usable
 from .engines.own_job import Request, waiting
 from .errors import HPCAIError

@@ -1,5 +1,6 @@
 """The code's shape, checked: no import circle in the package (imports inside functions count: they only hide a
-circle), and the tests' conftest.py holds fixtures and pytest hooks only, its helpers in tests/helpers/."""
+circle), no import back up its layers, and the tests' conftest.py holds fixtures and pytest hooks only, its
+helpers in tests/helpers/."""
 
 from __future__ import annotations
 
@@ -77,6 +78,37 @@ def test_no_import_circle_in_the_package() -> None:
     assert graph["jupyter_hpcai.export"] >= {"jupyter_hpcai.magic_args"}  # the walk sees imports: a control
     assert _cycles(graph) == []
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # and finds a circle
+
+
+P = "jupyter_hpcai."
+RANKS, KERNEL, HUB, SERVER = [P + "ranks"], [P + "engines"], [P + "spawner"], [P + "server"]
+FRONT = [P + name for name in ("magics", "magic_args", "widgets", "guard", "export")]  # the kernel's user side
+TOOLS = [P + name for name in ("cli", "demo", "bench", "siteinit", "sitecheck")]
+# what each layer must never import: the layers above it, and processes it never runs in
+NEVER = {
+    P + "contract": [P.rstrip(".")],  # standard library only: a container's ranks import it too
+    P + "ranks": KERNEL + FRONT + HUB + SERVER + TOOLS,  # a rank never loads the kernel's code
+    P + "engines": FRONT + HUB + SERVER + TOOLS,
+    P + "spawner": RANKS + KERNEL + FRONT + SERVER + TOOLS,  # the hub (root) never loads the user's side
+    P + "server": FRONT + HUB + TOOLS,
+}
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{module} imports {target}" for module, targets in graph.items() for target in targets
+                  for layer, never in NEVER.items() if module == layer or module.startswith(layer + ".")
+                  if any(target == up or target.startswith(up + ".") for up in never))
+
+
+def test_no_import_runs_back_up_the_layers() -> None:
+    """contract <- ranks <- engines <- magics and the panel; the hub's spawner loads none of the kernel's or
+    the ranks' code, and the ranks none of the kernel's."""
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    assert "jupyter_hpcai.ranks.telemetry" in graph["jupyter_hpcai.engines.running_set"]  # a control
+    assert _upward(graph) == []
+    bad = {**graph, "jupyter_hpcai.ranks.boot": {"jupyter_hpcai.engines.listing"}}
+    assert _upward(bad) == ["jupyter_hpcai.ranks.boot imports jupyter_hpcai.engines.listing"]  # and sees one
 
 
 def test_conftest_holds_fixtures_and_hooks_only() -> None:

@@ -131,7 +131,7 @@ def _spawn(hub: Hub, nodes: int, walltime: str) -> str:
 
 def _engine_processes() -> list[str]:
     """The user's engine, controller and rank processes on every node (the nodes share this machine's pids)."""
-    found = subprocess.run(["pgrep", "-a", "-u", USER, "-f", "jupyter_hpcai.engines.boot|ipcontroller|ipyparallel"],
+    found = subprocess.run(["pgrep", "-a", "-u", USER, "-f", "jupyter_hpcai.ranks.boot|ipcontroller|ipyparallel"],
                            capture_output=True, text=True, timeout=30)
     return found.stdout.splitlines()
 

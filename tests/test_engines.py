@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.gpus import check_reading, distinct_real_gpus
 from helpers.kernels import JobKernel, kernel_beside_job, kernel_in_job
 from helpers.jupyter import wait_for_stream
 from jupyter_hpcai.devcluster import SEPARATE
@@ -51,6 +52,7 @@ def test_start_pins_one_gpu_per_rank(world: JobKernel) -> None:
     for node in ("n1", "n2"):
         gpus = [r[2] for r in ranks if r[1] == node]
         assert len(gpus) == 2 and len(set(gpus)) == 2 and all(len(g.split(",")) == 1 for g in gpus)
+        assert distinct_real_gpus(gpus), gpus  # where they are real GPUs, each rank has its own
     status = world.run("%hpc status").stdout
     assert re.search(r"^\s+3\s+n2\s+\d\s+\d+\s+yes$", status, re.M), status
 
@@ -94,7 +96,7 @@ def test_a_kernel_on_the_login_host_under_salloc_trains_on_four_ranks(devcluster
         kernel.run("%load_ext jupyter_hpcai")
         started = kernel.run("%hpc start -n 4", timeout=300)
         assert started.status == "ok", started.error
-        listens = kernel.run("import jupyter_hpcai.engines as E\nE.current().listens")
+        listens = kernel.run("import jupyter_hpcai.engines as E\nE.current().set.listens")
         assert listens.result == repr(devcluster.login_address), listens
         cell = kernel.run(KERAS)
         assert cell.status == "ok", cell.error
@@ -180,7 +182,8 @@ def test_timeout_names_the_stuck_ranks_then_restart(world: JobKernel) -> None:
     assert cell.status == "error"
     assert "timed out after 10 s; still running: rank 0 on n1, rank 1 on n1, rank 2 on n2" in cell.error
     assert "%hpc restart" in cell.error
-    assert world.run("%hpc restart").status == "ok"
+    restarted = world.run("%hpc restart")
+    assert restarted.status == "ok", restarted.error
     cell = world.run("%%horovod_run\nhvd.size()")
     assert cell.status == "ok" and cell.result == "4"
 
@@ -194,13 +197,14 @@ def test_a_hang_shows_every_ranks_stack_grouped(world: JobKernel) -> None:
     assert cell.status == "error"
     assert re.search(r"ranks 0,1,3 \(3 of 4\): in \w+, from cell line 5\n", cell.error), cell.error
     assert "rank 2 (1 of 4): at cell line 4" in cell.error, cell.error
-    assert world.run("%hpc restart").status == "ok"
+    restarted = world.run("%hpc restart")
+    assert restarted.status == "ok", restarted.error
     idle = world.run("%hpc stacks")
     assert idle.status == "ok" and idle.stdout.startswith("ranks 0,1,2,3 (4 of 4): idle (no cell running)"), idle.stdout
 
 
 LOAD = """import os, time
-from jupyter_hpcai.engines import telemetry
+from jupyter_hpcai.ranks import telemetry
 slow = os.environ["SLURM_PROCID"] == "1"
 end = time.time() + 7
 while time.time() < end:
@@ -209,21 +213,25 @@ while time.time() < end:
     if slow:
         time.sleep(0.05)  # the straggler, on purpose
 """
-SAMPLES = ("[(s.rank, s.cpu, s.rate, max(s.cpu_history), s.gpu_util, s.rss, s.fresh(), max(s.rate_history or [0])) "
-           "for s in E.current().samples()]")
+SAMPLES = ("[(s.rank, s.cpu, s.rate, max(s.cpu_history), s.gpu_util, s.rss, s.fresh(), max(s.rate_history or [0]), "
+           "s.gpu_mem, s.gpu_note) for s in E.current().samples()]")
 
 
 def test_telemetry_moves_under_load_goes_quiet_at_rest_and_flags_a_straggler(world: JobKernel) -> None:
     """Every rank samples itself every 2 s (telemetry.py). At rest: little CPU and no rate. Under load (every
     rank reports its steps, rank 1 slowed on purpose): CPU rises, the rates show and rank 1 is the straggler, in
     the samples and in %hpc top's live table. At rest again: CPU falls, the rate is 0. No framework on these
-    ranks: Horovod's background thread alone keeps an idle rank near 30 % of a core here. The GPU columns stay
-    blank: the dev cluster's GPUs are fake devices, with no NVML behind them."""
+    ranks: Horovod's background thread alone keeps an idle rank near 30 % of a core here. The GPU columns read what
+    nvidia-smi reads for each rank's own device: blank, with the reason, for the dev cluster's fake GPUs on a
+    machine without real ones."""
     assert world.run("%hpc start --framework none").status == "ok"
     world.run("import time\ntime.sleep(5)")
     rest = eval(world.run(SAMPLES).result)  # noqa: S307 - our own kernel's repr
     assert [s[0] for s in rest] == [0, 1, 2, 3] and all(s[6] for s in rest), rest
-    assert all(s[1] < 15 and s[2] is None and s[4] is None and s[5] > 10 * 2**20 for s in rest), rest
+    assert all(s[1] < 15 and s[2] is None and s[5] > 10 * 2**20 for s in rest), rest
+    devices = dict(eval(world.run("[(r.rank, r.gpu) for r in E.current().status()]").result))  # noqa: S307
+    for s in rest:
+        check_reading(s[4], s[8], s[9], devices[s[0]])
 
     assert world.run(f"_ = E.current().run({LOAD!r}, framework=None)", timeout=120).status == "ok"
     busy = eval(world.run(SAMPLES).result)  # noqa: S307
@@ -231,7 +239,7 @@ def test_telemetry_moves_under_load_goes_quiet_at_rest_and_flags_a_straggler(wor
     assert all(busy[r][3] > max(15, 2 * rest[r][1]) for r in (0, 2, 3)), (rest, busy)
     rates = {s[0]: s[7] for s in busy}  # the peak rate
     assert all(rates[r] > 2 * rates[1] > 0 for r in (0, 2, 3)), rates
-    assert world.run("from jupyter_hpcai.engines import telemetry\n"
+    assert world.run("from jupyter_hpcai.ranks import telemetry\n"
                      "telemetry.stragglers(E.current().samples())").result == "{1}"
     top = world.run("%hpc top --for 3")
     table = top.displays[0].splitlines()
@@ -251,7 +259,8 @@ def test_killed_rank_is_reported_and_kernel_survives(world: JobKernel) -> None:
     assert cell.status == "error"
     assert "rank 2 on n2" in cell.error and "the notebook kernel is fine" in cell.error
     assert world.run("6 * 7").result == "42"
-    assert world.run("%hpc restart").status == "ok"
+    restarted = world.run("%hpc restart")
+    assert restarted.status == "ok", restarted.error
     cell = world.run("%%horovod_run\nimport tensorflow as tf\nfloat(hvd.allreduce(tf.constant(1.0), op=hvd.Sum))")
     assert cell.status == "ok" and cell.result == "4.0"
 
@@ -283,7 +292,8 @@ def test_panel_follows_magics_in_other_cells(world: JobKernel) -> None:
     assert "no engines running" in world.run("panel.ranks.value").result
     assert world.run("%hpc start").status == "ok"
     assert eval(world.run(shows).result) == ["running", True, False, 4, 4]
-    assert world.run("%hpc restart").status == "ok"
+    restarted = world.run("%hpc restart")
+    assert restarted.status == "ok", restarted.error
     states = eval(world.run("[state for state, _ in seen]").result)
     assert states[-2:] == ["restarting", "running"], states
     assert "restarting" in eval(world.run("seen[-2][1]").result)
@@ -334,7 +344,7 @@ def test_ranks_on_two_hosts_talk_on_their_node_address(world: JobKernel, devclus
     assert cell.status == "ok", cell.error
     seen = [json.loads(row) for row in world.run("import json\nfor r in seen: print(json.dumps(r))").stdout.splitlines()]
     controller = world.run("import jupyter_hpcai.engines as E, os\n"
-                           "print(E.current().cluster.controller_ip, os.environ['SLURMD_NODENAME'])").stdout.split()
+                           "print(E.current().set.cluster.controller_ip, os.environ['SLURMD_NODENAME'])").stdout.split()
     print(f"dev cluster: {devcluster.mode}; controller {controller}; ranks {seen}")
     iface = "hpc0" if devcluster.mode == SEPARATE else "lo"
     assert controller[0] == devcluster.node_address(controller[1])

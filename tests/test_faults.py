@@ -34,7 +34,7 @@ def world(devcluster, tf_env, tmp_path_factory: pytest.TempPathFactory):  # type
 
 
 def test_connection_files_are_private_and_controller_binds_the_node_address(world: JobKernel, devcluster) -> None:  # type: ignore[no-untyped-def]
-    info = json.loads(world.run("import json, os, jupyter_hpcai.engines as E; c = E.current().cluster\n"
+    info = json.loads(world.run("import json, os, jupyter_hpcai.engines as E; c = E.current().set.cluster\n"
                                 "print(json.dumps({'dir': c.profile_dir, 'id': c.cluster_id, "
                                 "'pid': c.controller.process.pid, 'node': os.environ['SLURMD_NODENAME']}))").stdout)
     security = Path(info["dir"]) / "security"
@@ -57,7 +57,7 @@ def test_connection_files_are_private_and_controller_binds_the_node_address(worl
 
 
 def test_killed_controller_is_reported_and_restart_recovers(world: JobKernel) -> None:
-    pid = int(world.run("import jupyter_hpcai.engines as E; E.current().cluster.controller.process.pid").result or 0)
+    pid = int(world.run("import jupyter_hpcai.engines as E; E.current().set.cluster.controller.process.pid").result or 0)
     world.client.execute("%%horovod_run\nimport time\ntime.sleep(120)", stop_on_error=False)  # see JobKernel.run
     os.kill(pid, signal.SIGKILL)
     reply = world.client.get_shell_msg(timeout=120)

@@ -104,7 +104,7 @@ def _asked_and_waited(said: str) -> str:
 
 def _trains_on_the_nodes(kernel: JobKernel, job: str, login_address: str) -> None:
     where = kernel.run("import jupyter_hpcai.engines as E\n"
-                       "(os.environ['SLURM_JOB_ID'], E.current().listens, [r.host for r in E.current().status()])")
+                       "(os.environ['SLURM_JOB_ID'], E.current().set.listens, [r.host for r in E.current().status()])")
     assert where.result == repr((job, login_address, ["n1", "n1", "n2", "n2"])), where
     cell = kernel.run(KERAS, timeout=300)
     assert cell.status == "ok", cell.error

@@ -258,12 +258,12 @@ ALICE_PROBE = """%load_ext jupyter_hpcai
 import glob, json, os
 from ipykernel import get_connection_file
 import jupyter_hpcai.engines as E
-c = E.current().cluster
+c = E.current().set.cluster
 security = os.path.join(c.profile_dir, "security")
 client = json.load(open(os.path.join(security, f"ipcontroller-{c.cluster_id}-client.json")))
 print("PROBE " + json.dumps({"connection": get_connection_file(), "security": security,
                              "cluster_files": sorted(glob.glob(security + "/*")), "client": client,
-                             "set_folder": str(E.current().folder), "set_files": sorted(glob.glob(f"{E.current().folder}/*")),
+                             "set_folder": str(E.current().set.folder), "set_files": sorted(glob.glob(f"{E.current().set.folder}/*")),
                              "token": os.environ["JUPYTERHUB_API_TOKEN"], "job": os.environ["SLURM_JOB_ID"]}))
 """
 

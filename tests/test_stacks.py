@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from jupyter_hpcai.engines import stacks
-from jupyter_hpcai.engines.engine import host_name
+from jupyter_hpcai.ranks import stacks
+from jupyter_hpcai.ranks.identity import host_name
 
 CELL = """import time
 def wait_here():
@@ -32,7 +32,7 @@ def test_identical_stacks_are_grouped_and_the_odd_rank_stands_apart(tmp_path: Pa
     try:
         time.sleep(1.5)  # past the imports, into the sleeps
         here = host_name(os.environ)
-        done = subprocess.run([sys.executable, "-m", "jupyter_hpcai.engines.stacks",
+        done = subprocess.run([sys.executable, "-m", "jupyter_hpcai.ranks.stacks",
                                ",".join(f"{here}={p.pid}" for p in procs) + ",elsewhere=1"],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr

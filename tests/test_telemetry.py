@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import statistics
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from jupyter_hpcai.engines import telemetry
+from helpers.gpus import check_reading
+from jupyter_hpcai.ranks import telemetry
 from jupyter_hpcai.proc import wait_until
 
 
@@ -23,7 +26,8 @@ def test_a_sampler_writes_whole_samples_and_reports_the_rate(tmp_path: Path, mon
                               "SLURM_PROCID": "3", "SLURMD_NODENAME": "n2"})
     try:
         first = wait_until(lambda: telemetry.read(tmp_path) or None, timeout=10, what="a first sample")[0]
-        assert (first.rank, first.host, first.rate, first.gpu_util) == (3, "n2", None, None)  # no steps, no GPU here
+        assert (first.rank, first.host, first.rate) == (3, "n2", None)  # no steps yet
+        check_reading(first.gpu_util, first.gpu_mem, first.gpu_note, "0")  # no CUDA_VISIBLE_DEVICES: CUDA's first GPU
         assert first.rss > 2**20 and first.fresh()
         end = time.time() + 1
         while time.time() < end:  # about 1000 items a second
@@ -102,11 +106,54 @@ def test_the_torch_hook_counts_each_forward_pass_by_its_batch(monkeypatch: pytes
 @pytest.mark.slurm
 def test_the_keras_callback_counts_each_batch(tf_env) -> None:  # type: ignore[no-untyped-def]
     """In the TensorFlow env: model.fit with the callback reports batch size x batches."""
-    import subprocess
-
-    code = ("import numpy as np, tensorflow as tf\nfrom jupyter_hpcai.engines import telemetry\n"
+    code = ("import numpy as np, tensorflow as tf\nfrom jupyter_hpcai.ranks import telemetry\n"
             "m = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])\nm.compile('sgd', 'mse')\n"
             "m.fit(np.zeros((40, 4)), np.zeros(40), batch_size=8, epochs=2, verbose=0,"
             " callbacks=[telemetry.keras_callback(8)])\nprint('steps', telemetry._steps)")
     out = subprocess.run([str(tf_env.current_link / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=300)
     assert "steps 80" in out.stdout, out.stderr[-2000:]
+
+
+TORCH_LOOP = """import json, statistics, sys, tempfile, time
+import torch
+from torch import nn
+from jupyter_hpcai.ranks import telemetry
+
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+images, labels = torch.rand(BATCH, 3, 32, 32), torch.randint(0, 10, (BATCH,))
+with tempfile.TemporaryDirectory() as folder:
+    telemetry.start_sampling({telemetry.FOLDER_VAR: folder, telemetry.INTERVAL_VAR: "0.25", "HPCAI_RANK": "0"})
+    handle = telemetry.torch_hook(model)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < SECONDS:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(images), labels).backward()
+        opt.step()
+        steps += 1
+    loop_rate = BATCH * steps / (time.perf_counter() - start)
+    time.sleep(0.6)  # two more samples: the rate falls to 0 once the loop stops
+    handle.remove()
+    model(images)  # after remove(): not counted
+    sample = telemetry.read(telemetry.Path(folder))[0]
+    print(json.dumps({"steps": steps, "items": telemetry._steps, "loop_rate": loop_rate,
+                      "rates": sample.rate_history}))
+"""
+
+
+def test_the_torch_hook_reports_a_real_training_loops_rate(torch_env) -> None:  # type: ignore[no-untyped-def]
+    """In the torch env, in a plain process: a real model trained with torch_hook on it; the telemetry counts every
+    forward pass by its batch (exactly the loop's steps x batch) and its sampled rate, over the samples taken wholly
+    inside the loop, is the loop's own images/s."""
+    batch, seconds = 16, 4.0
+    code = TORCH_LOOP.replace("BATCH", str(batch)).replace("SECONDS", str(seconds))
+    done = subprocess.run([str(torch_env.current_link / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["steps"] > 20 and found["items"] == batch * found["steps"], found
+    inside = found["rates"][1:-3]  # the first sample began before the loop; the last ones straddle or follow its end
+    assert len(inside) >= 8 and found["rates"][-1] == 0.0, found
+    assert abs(statistics.median(inside) / found["loop_rate"] - 1) < 0.2, found

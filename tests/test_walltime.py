@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from jupyter_hpcai import allocation, guard
-from jupyter_hpcai.engines import continuity
+from jupyter_hpcai.ranks import continuity
 from jupyter_hpcai.proc import wait_until
 from jupyter_hpcai.spawner import script
 from jupyter_hpcai.spawner.options import Profile, SpawnOptions
@@ -269,7 +269,7 @@ def test_a_follow_up_job_waits_for_the_one_it_follows() -> None:
 KERAS = """
 import json, os, sys
 import numpy as np, tensorflow as tf
-from jupyter_hpcai.engines import continuity as hpc
+from jupyter_hpcai.ranks import continuity as hpc
 model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
 opt = tf.keras.optimizers.SGD(0.1, momentum=0.9)
 model.compile(opt, "mse")

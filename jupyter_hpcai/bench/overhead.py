@@ -22,7 +22,7 @@ from typing import Any
 
 from ..allocation import Allocation
 from ..engines import Engines, Layout, current, plan
-from ..engines.cluster import controller_ip
+from ..engines.running_set import controller_ip
 from ..proc import run
 
 
@@ -110,10 +110,11 @@ def ours(layout: Layout) -> tuple[float, Engines, dict[str, float]]:
     engines.start(n=layout.n, nodes=layout.nodes, gpus_per_node=layout.per_node)
     engines.run("pass", framework="horovod", write=lambda text: None)
     took = time.perf_counter() - start
-    assert engines.timeline is not None
-    engines.timeline.mark("first %%horovod_run done (Horovod ready)")
-    engines.timeline.ranks_reached(engines.boot_timelines())
-    return took, engines, dict(sorted(engines.timeline.phases.items(), key=lambda item: item[1]))
+    timeline = engines.running_set().timeline
+    assert timeline is not None
+    timeline.mark("first %%horovod_run done (Horovod ready)")
+    timeline.ranks_reached(engines.running_set().boot_timelines())
+    return took, engines, dict(sorted(timeline.phases.items(), key=lambda item: item[1]))
 
 
 def magic_dispatch(engines: Engines, times: int) -> dict[str, list[float]]:

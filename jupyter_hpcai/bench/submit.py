@@ -7,7 +7,6 @@ import shlex
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import slurm
 from ..jobscript import JobScript, ranks_per_node
 from ..envs import Env
 from .resnet50 import report
@@ -22,9 +21,8 @@ def _run_job(env: Env, results: Path, module: str, args: list[str], *, name: str
     job = JobScript(name=f"hpcai-{name}", nodes=nodes, tasks_per_node=tasks_per_node, gpus_per_node=gpus_per_node,
                     time=time_limit, partition=partition, output=str(log),
                     body=f"exec {shlex.join(env.argv(['python', '-m', module, *args]))}\n").submit(env=environ)
-    output = Path(str(log).replace("%j", str(job)))
-    on_line(f"{name} job {job}; output: {output}")
-    return slurm.follow_output(job, output, on_line)
+    on_line(f"{name} job {job.job_id}; output: {job.output}")
+    return job.follow(on_line)
 
 
 def submit_resnet50(env: Env, results: Path, train_args: list[str], *, partition: str | None, nodes: int,

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..engines import telemetry
+from ..ranks import telemetry
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -1,18 +1,20 @@
-"""Engines: ipyparallel engines on the allocation's ranks, frameworks initialised on them, cells run on them.
+"""The kernel's side of the engines: the engine set a notebook's kernel starts on its allocation, the cells it runs
+there, and what it shows of them. Everything here runs in the kernel (or a process that starts engines as a
+kernel does: a benchmark job); what runs on the ranks is ``jupyter_hpcai.ranks``, which this package imports and
+which never imports it back.
 
-Where each module runs:
-- in the kernel: ``cluster`` (``Engines``: the engine set, cells run on it, what it is doing), ``launch`` (layouts
-  and launchers), ``own_job`` (an allocation of the kernel's own), ``output`` and ``report`` (what a cell and a
-  dead launcher show), ``listing`` (the job's engine sets; the server extension reads them too);
-- beside the kernel, as its own process: ``controller`` (ipyparallel's controller, tied to the kernel outside a job);
-- on each rank: ``boot`` (what a rank runs), ``engine`` (a rank's identity and GPU), ``rankside`` (what the kernel
-  calls there), ``continuity`` (walltime hooks, checkpoints), ``batch`` (an exported job's ranks);
-- on both sides: ``frameworks`` (a rank's init; the kernel's parameters), ``telemetry`` (sampled on a rank, read by
-  the kernel and the server), ``stacks`` (collected by the kernel, read by a helper on each node).
+- ``engines``: ``Engines``, the kernel's one handle (state for the panel, start / stop / restart / attach, cells);
+- ``running_set``: one set while it runs: controller, client, ranks, the set's folder (``contract.py``);
+- ``cells``: a cell on every rank, watched and streamed; ``output``: what the user sees of it;
+- ``launch``: layouts and launchers (srun / mpirun / local); ``report``: what a dead launcher said;
+- ``own_job``: an allocation of the kernel's own outside any job;
+- ``listing``: the job's engine sets as files (the server extension reads them too);
+- ``controller``: ipyparallel's controller as its own process, tied to the kernel outside a job.
 """
 
-from .cluster import Engines, Rank, current
+from .engines import Engines, current
 from .launch import LAUNCHERS, Layout, plan
 from .output import OUTPUT_MODES, RankFailure
+from .running_set import Rank
 
 __all__ = ["LAUNCHERS", "OUTPUT_MODES", "Engines", "Layout", "Rank", "RankFailure", "current", "plan"]

@@ -6,9 +6,9 @@
 
 A launcher is a class in ``LAUNCHERS``: whether it can run here (``available``) and the command that starts
 every rank (``command``), printable before anything starts. Every way starts the same program,
-``python -m jupyter_hpcai.engines.boot``, which pins the rank to its GPU before the ipyparallel engine starts.
+``python -m jupyter_hpcai.ranks.boot``, which pins the rank to its GPU before the ipyparallel engine starts.
 In a container env's kernel (``ContainerLaunch``, set by the provisioner) each rank is
-``udocker run ... CONTAINER python -m jupyter_hpcai.engines.boot`` in the same container, started by srun on
+``udocker run ... CONTAINER python -m jupyter_hpcai.ranks.boot`` in the same container, started by srun on
 the host of every node.
 """
 
@@ -27,9 +27,11 @@ from traitlets import List, Unicode
 from .. import mpi, network
 from ..allocation import Allocation
 from ..container_launch import ContainerLaunch
+from ..contract import RANK_LOG
 from ..errors import HPCAIError
+from ..jobscript import SRUN_RANKS
 
-BOOT_MODULE = "jupyter_hpcai.engines.boot"
+BOOT_MODULE = "jupyter_hpcai.ranks.boot"
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ class Srun(Launcher):
     """One ``srun --mpi=pmix`` step inside the current allocation."""
 
     name, in_job, containers = "srun", True, True
-    mpi_cmd = ("srun", "--mpi=pmix")
+    mpi_cmd = SRUN_RANKS
     unavailable_hint = "start the notebook through the hub's Slurm spawner, or use --launcher local"
 
     @classmethod
@@ -112,7 +114,7 @@ class Srun(Launcher):
     def rank_output(cls, folder: Path) -> list[str]:
         # When --kill-on-bad-exit ends the step, srun can drop the last lines it was forwarding from the rank
         # that failed (here, 1 start in 20 lost them all); slurmstepd writing a file on the node keeps them.
-        return [f"--output={folder}/rank-%t.log"]
+        return [f"--output={folder}/{RANK_LOG.format(rank='%t')}"]
 
 
 class _OpenMPI(Launcher):
@@ -151,7 +153,7 @@ class Local(_OpenMPI):
 
 
 LAUNCHERS: dict[str, type[Launcher]] = {cls.name: cls for cls in (Srun, Mpirun, Local)}
-# set per engine set by Engines.start (boot.py and telemetry.py read them)
+# set per engine set by RunningSet.launch (ranks/boot.py and ranks/telemetry.py read them)
 RANK_SET_VARS = ("HPCAI_WARM", "HPCAI_CONNECTION_FILE", "HPCAI_CONTROLLER_TIMEOUT", "HPCAI_RANK_FOLDER",
                  "HPCAI_TELEMETRY_INTERVAL")
 

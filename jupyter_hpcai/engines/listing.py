@@ -1,11 +1,8 @@
 """The engine sets this user's kernels started, for the server extension (the side panel).
 
-Each set has a private folder in the ipyparallel profile it runs in, ``<profile>/hpcai-ranks/<cluster id>/``
-(mode 700; every node reads the profile already, for the controller's connection file, so the ranks can
-write there wherever they run), made by the kernel's ``Engines`` at start and removed at stop: each rank's
-output (``rank-N.log``), its telemetry (``telemetry-N.json``, telemetry.py) and the rank table
-(``ranks.json``: who each rank is, the launcher). The controller's state comes from ipyparallel's own
-cluster files.
+Each set has a private folder in the ipyparallel profile it runs in (its layout and the rank table's format are
+in contract.py), made by the kernel at start and removed at stop. The controller's state comes from
+ipyparallel's own cluster files.
 """
 
 from __future__ import annotations
@@ -19,16 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from ..allocation import JOB_STATE_VAR
+from ..contract import RANK_TABLE, SET_FOLDERS, RankTable
 from ..errors import HPCAIError
-from . import telemetry
+from ..ranks import telemetry
 
-RANK_TABLE = "ranks.json"
 PROCESSES = "engines"  # in the job's private folder: one file per set, the pids the batch shell stops at its exit
 SET_ID = re.compile(r"hpcai-[\w.-]+")  # Engines' cluster ids: never a path
 
 
 def set_folder(profile_dir: Path, cluster_id: str) -> Path:
-    return profile_dir / "hpcai-ranks" / cluster_id
+    return profile_dir / SET_FOLDERS / cluster_id
 
 
 def create_set_folder(profile_dir: Path, cluster_id: str) -> Path:
@@ -40,17 +37,14 @@ def create_set_folder(profile_dir: Path, cluster_id: str) -> Path:
     return path
 
 
-def write_rank_table(folder: Path, launcher: str, ranks: list[dict[str, Any]], container: bool,
-                     **state: Any) -> None:
-    """Who each rank is (rank, host, gpu, pid, engine_id), and what a kernel attaching needs (``state``: the
-    pids of the kernels using the set, the layout, the framework started at boot, the telemetry interval),
-    written whole."""
+def write_rank_table(folder: Path, table: RankTable) -> None:
+    """The set's rank table (contract.RankTable), written whole."""
     partial = folder / f".{RANK_TABLE}"
-    partial.write_text(json.dumps({"launcher": launcher, "container": container, "ranks": ranks, **state}))
+    partial.write_text(json.dumps(table))
     os.replace(partial, folder / RANK_TABLE)
 
 
-def read_rank_table(folder: Path) -> dict[str, Any] | None:
+def read_rank_table(folder: Path) -> RankTable | None:
     """A set's rank table, or None before its ranks registered (or after it stopped)."""
     try:
         return json.loads((folder / RANK_TABLE).read_text())
@@ -224,7 +218,7 @@ def stacks(cluster_id: str, native: bool = False) -> list[dict[str, Any]]:
     """A running set's grouped stacks (stacks.py), for the side panel's button: each group's ranks, headline
     and frames as text."""
     from .launch import LAUNCHERS
-    from .stacks import collect, container_refusal
+    from ..ranks.stacks import collect, container_refusal
 
     table = next((s.table for s in engine_sets() if s.cluster_id == cluster_id), None)
     if not table:

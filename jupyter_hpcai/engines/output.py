@@ -1,5 +1,5 @@
 """What a cell run on the ranks shows the user: each rank's output as prefixed lines (three modes), and the
-error that carries every rank's outcome. ``Engines.run`` (cluster.py) runs the cell."""
+error that carries every rank's outcome. cells.py runs the cell."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class Streamer:
     """Turns each rank's growing stdout and stderr into prefixed lines, in one of three modes. The two streams are
     read apart (each keeps its own unfinished line), so a line of one never splits a line of the other."""
 
-    ranks: list[Any]  # cluster.Rank: host by rank
+    ranks: list[Any]  # running_set.Rank: host by rank
     mode: str
     write: Write
     _seen: dict[tuple[int, int], int] = field(default_factory=dict)  # (rank, stream): characters already read

@@ -138,7 +138,7 @@ class OwnJob:
         atexit.register(self.release)  # the kernel's exit; a killed kernel's job ends itself (the keepalive)
         try:
             # its options on sbatch's command line too: a site's SBATCH_* variables cannot change them there
-            self.job_id = str(self.job_script().submit(on_command_line=True))
+            self.job_id = str(self.job_script().submit(on_command_line=True).job_id)
         except HPCAIError as err:
             self.release()
             raise HPCAIError(f"Slurm refused the allocation ({self.request.describe()}): {err.message}",

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 from ..network import LOOPBACK
-from .engine import LOCAL_RANK_VARS, RANK_VARS, first_int, host_name
+from .identity import LOCAL_RANK_VARS, RANK_VARS, first_int, host_name
 
 Handles = tuple[dict[str, Any], dict[str, Any]]  # (names for the cell namespace, what to report)
 

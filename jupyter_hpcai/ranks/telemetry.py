@@ -2,12 +2,13 @@
 
 Each rank (boot.py) runs a sampler thread that writes one small JSON file, ``telemetry-<rank>.json``, into
 its engine set's private folder every ``HPCAI_TELEMETRY_INTERVAL`` seconds (2 by default; 0 turns it off,
-and ``set_interval`` changes it on running ranks): CPU %, RSS, the GPU's utilisation and memory through NVML (nvidia-ml-py; blank where no GPU or driver is
-there), and the training rate when the user's code reports its steps (``step``, ``keras_callback``,
-``torch_hook``). A sample takes about half a millisecond here (more on a loaded node: the benchmark prints
-it), and the thread keeps sampling while the rank's main thread waits inside a collective. Readers
-(``%hpc top``, the ClusterPanel, the side panel through the server extension) only read the files: nothing
-talks to the ranks, so a busy rank is never asked.
+and ``set_interval`` changes it on running ranks): CPU %, RSS, the rank's own GPU's utilisation and memory
+through NVML (gpus.py: by index, GPU UUID or MIG identifier; blank, with the reason, where it cannot be read),
+and the training rate when the user's code reports its steps (``step``, ``keras_callback``, ``torch_hook``).
+A sample takes about half a millisecond here (more on a loaded node: the benchmark prints it), and the thread
+keeps sampling while the rank's main thread waits inside a collective. Readers (``%hpc top``, the ClusterPanel,
+the side panel through the server extension) only read the files: nothing talks to the ranks, so a busy rank is
+never asked.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..contract import TELEMETRY
 from ..errors import HPCAIError
-from .engine import RANK_VARS, first_int, host_name
+from . import gpus
+from .identity import RANK_VARS, first_int, host_name
 
-FOLDER_VAR = "HPCAI_RANK_FOLDER"  # the engine set's private folder (Engines.folder)
+FOLDER_VAR = "HPCAI_RANK_FOLDER"  # the engine set's private folder (contract.py)
 INTERVAL_VAR = "HPCAI_TELEMETRY_INTERVAL"
 DEFAULT_INTERVAL = 2.0
 HISTORY = 30  # samples kept for the sparklines
@@ -78,6 +81,7 @@ class Sample:
     rss: int  # bytes
     gpu_util: float | None = None  # percent
     gpu_mem: int | None = None  # bytes
+    gpu_note: str = ""  # why a GPU reading is blank (gpus.py): no GPU, no NVML, a device NVML cannot find, MIG
     rate: float | None = None  # items per second, when the user's code reports steps
     cpu_history: list[float] = field(default_factory=list)
     rate_history: list[float] = field(default_factory=list)
@@ -94,30 +98,24 @@ class Sample:
 
 
 class _Gpu:
-    """This rank's GPU through NVML, or nothing (no nvidia-ml-py, no driver, no GPU pinned)."""
+    """This rank's GPU through NVML (gpus.py), or why it has no readings (no nvidia-ml-py, no driver, no device)."""
 
     def __init__(self, environ: Mapping[str, str]) -> None:
-        self.handle: Any = None
-        visible = environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0]
+        self.nvml: Any = None
         try:
             import pynvml
-
-            pynvml.nvmlInit()
-            index = int(visible) if visible.isdigit() else 0
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            self._nvml = pynvml
-        except Exception:  # ImportError, NVMLError (no driver or device): blank GPU columns
-            self.handle = None
-
-    def read(self) -> tuple[float | None, int | None]:
-        if self.handle is None:
-            return None, None
+        except ImportError:
+            self.device = gpus.Device("", why="no GPU readings: nvidia-ml-py is not installed in this env")
+            return
         try:
-            util = self._nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu
-            memory = self._nvml.nvmlDeviceGetMemoryInfo(self.handle).used
-            return float(util), int(memory)
-        except Exception:
-            return None, None
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as error:  # no driver, or no GPU on this node
+            self.device = gpus.Device("", why=f"no GPU readings: NVML: {error}")
+            return
+        self.nvml, self.device = pynvml, gpus.rank_device(environ, pynvml)
+
+    def read(self) -> gpus.Reading:
+        return gpus.read(self.device, self.nvml)
 
 
 class Sampler(threading.Thread):
@@ -127,7 +125,7 @@ class Sampler(threading.Thread):
         super().__init__(name="hpcai-telemetry", daemon=True)
         import psutil
 
-        self.path = folder / f"telemetry-{rank}.json"
+        self.path = folder / TELEMETRY.format(rank=rank)
         self.process = psutil.Process()
         self.gpu = _Gpu(environ)
         self.sample = Sample(rank, host, os.getpid(), time.time(), interval, 0.0, 0)
@@ -147,7 +145,8 @@ class Sampler(threading.Thread):
         s = self.sample
         with self.process.oneshot():
             s.cpu, s.rss = self.process.cpu_percent(None), self.process.memory_info().rss
-        s.gpu_util, s.gpu_mem = self.gpu.read()
+        gpu = self.gpu.read()
+        s.gpu_util, s.gpu_mem, s.gpu_note = gpu.util, gpu.mem, gpu.note
         s.rate, s.time = rate, time.time()
         s.cpu_history = [*s.cpu_history, s.cpu][-HISTORY:]
         if rate is not None:
@@ -211,7 +210,7 @@ def sample_cost(times: int = 20) -> float:
 def read(folder: Path) -> list[Sample]:
     """Every rank's latest sample in an engine set's folder, by rank (ranks that never sampled are absent)."""
     samples = []
-    for path in folder.glob("telemetry-*.json"):
+    for path in folder.glob(TELEMETRY.format(rank="*")):
         try:
             samples.append(Sample(**json.loads(path.read_text())))
         except (OSError, ValueError, TypeError):  # gone, or being replaced
@@ -259,7 +258,9 @@ def rows(samples: list[Sample], ratio: float | None = None) -> list[tuple[str, .
     def note(s: Sample) -> str:
         if not s.fresh(now):
             return f"no sample for {now - s.time:.0f} s"
-        return f"straggler (< {ratio:.0%} of the median rate)" if s.rank in slow else ""
+        if s.rank in slow:
+            return f"straggler (< {ratio:.0%} of the median rate)"
+        return s.gpu_note if s.gpu_util is None or s.gpu_mem is None else ""
 
     return [(str(s.rank), s.host, f"{s.cpu:.0f}", _size(s.rss), "-" if s.gpu_util is None else f"{s.gpu_util:.0f}",
              "-" if s.gpu_mem is None else _size(s.gpu_mem), "-" if s.rate is None else f"{s.rate:.1f}", note(s))

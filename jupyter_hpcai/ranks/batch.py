@@ -15,8 +15,8 @@ import sys
 from typing import Any, TextIO
 
 from .. import network
-from . import rankside
-from .engine import host_name, pin
+from . import calls
+from .identity import host_name, pin
 from .frameworks import FRAMEWORKS, torch_rendezvous
 
 MASTER_ADDR_VAR, MASTER_PORT_VAR = "HPCAI_MASTER_ADDR", "HPCAI_MASTER_PORT"  # torch's rendezvous (the job script's)
@@ -66,7 +66,7 @@ class Job:
         # cells run as IPython runs them on an engine
         self.shell = InteractiveShell.instance(displayhook_class=Quiet)
         self.framework = FRAMEWORKS[framework]
-        rankside.init_framework(self.framework, self._params())
+        calls.init_framework(self.framework, self._params())
         self.rank = int(self.shell.user_ns["rank"])
         self.prefix = f"[rank {self.rank} {host_name(os.environ)}] "
         self.kernel_ns: dict[str, Any] = {}  # what the notebook's kernel held: the setup cells' names (rank 0)
@@ -96,7 +96,7 @@ class Job:
         shown = output != "rank0" or self.rank == 0
         sys.stdout, sys.stderr = Prefixed(out, self.prefix, shown), Prefixed(err, self.prefix, shown)
         try:
-            outcome = rankside.run_cell(code, first_line, values)
+            outcome = calls.run_cell(code, first_line, values)
         finally:
             sys.stdout, sys.stderr = out, err
         if not outcome["ok"]:

@@ -17,8 +17,8 @@ from importlib.util import find_spec
 from typing import Any, Protocol
 
 from . import continuity
-from .engine import LOCAL_RANK_VARS, RANK_VARS, first_int
-from .rankside import Handles, free_port, rank_info
+from .identity import LOCAL_RANK_VARS, RANK_VARS, first_int
+from .calls import Handles, free_port, rank_info
 
 
 class World(Protocol):

@@ -2,7 +2,7 @@
 
 py-spy reads a process's stack from outside (ptrace), so this works while a rank is blocked inside C (an MPI,
 Gloo or NCCL collective) and its engine cannot answer a request. The kernel runs this module once on every
-node of the ranks (``python -m jupyter_hpcai.engines.stacks PID,...``, through the launcher's way onto the
+node of the ranks (``python -m jupyter_hpcai.ranks.stacks PID,...``, through the launcher's way onto the
 nodes); each copy dumps the ranks that run on its node and prints them as JSON. Identical stacks are shown
 once, with the ranks that share them, cut at the notebook cell and numbered as the cell shows its lines.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import HPCAIError
 from ..proc import run
-from .engine import host_name
+from .identity import host_name
 
 CELL_FILE = re.compile(r"ipykernel_\d+/\d+\.py$")  # where IPython compiles a cell (ipykernel's compiler)
 PTRACE_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
@@ -151,7 +151,7 @@ def dump(pid: int, native: bool = False, timeout: float = 30) -> tuple[Frame, ..
 
 
 def main(argv: list[str] | None = None) -> None:
-    """On a node: ``python -m jupyter_hpcai.engines.stacks HOST=PID,HOST=PID,... [--native]``: the stacks of the
+    """On a node: ``python -m jupyter_hpcai.ranks.stacks HOST=PID,HOST=PID,... [--native]``: the stacks of the
     processes of this host, as one JSON line {pid: frames or error}. By host, not by what /proc shows: the nodes
     of a machine may share one pid namespace, and two py-spy cannot stop one process at once."""
     args = argv if argv is not None else sys.argv[1:]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping, MutableMapping
 
+from .gpus import entries
+
 RANK_VARS = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "HPCAI_RANK")
 LOCAL_RANK_VARS = ("SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "HPCAI_LOCAL_RANK")
 LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "HPCAI_LOCAL_SIZE")
@@ -38,10 +40,11 @@ def local_size(env: Mapping[str, str]) -> int:
 
 
 def pin(env: MutableMapping[str, str], cpu_count: int) -> None:
-    """One GPU per rank (by local rank, among the GPUs Slurm gave this node) and sane thread counts."""
+    """One GPU per rank (by local rank, among the GPUs Slurm gave this node: indices, GPU UUIDs or MIG
+    identifiers alike, as gpus.py reads them) and sane thread counts."""
     local_rank = first_int(env, LOCAL_RANK_VARS, 0)
     ranks_here = max(1, local_size(env))
-    gpus = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+    gpus = entries(env.get("CUDA_VISIBLE_DEVICES", ""))
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = gpus[local_rank % len(gpus)]
         env["HPCAI_NODE_GPUS"] = ",".join(gpus)

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from .. import allocation
-from . import rankside, telemetry
-from .engine import RANK_VARS, first_int
+from . import calls, telemetry
+from .identity import RANK_VARS, first_int
 
 CHECK_EVERY = 10  # steps between the ranks' agreement on the walltime signal (one tiny collective)
 CHECKPOINT_DIR_VAR = "HPCAI_CHECKPOINT_DIR"
@@ -174,7 +174,7 @@ def any_rank(flag: bool) -> bool:
 
 def _max_over_ranks(value: int) -> int:
     """The largest of every rank's ``value`` (a collective), or ``value`` without a framework."""
-    framework = rankside.initialised()
+    framework = calls.initialised()
     return framework.max_over_ranks(value) if framework is not None else value
 
 

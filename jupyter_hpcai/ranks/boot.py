@@ -1,4 +1,4 @@
-"""What every rank runs (``python -m jupyter_hpcai.engines.boot``, whichever launcher started it).
+"""What every rank runs (``python -m jupyter_hpcai.ranks.boot``, whichever launcher started it).
 
 In order: pin the rank to one GPU and its thread counts (engine.pin), point the transports at its node's
 interface (network.py), start its telemetry sampler (telemetry.py), start initialising the framework the
@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from .. import network
-from . import rankside, telemetry
-from .engine import pin
+from . import calls, telemetry
+from .identity import pin
 from .frameworks import FRAMEWORKS
 
 
@@ -44,19 +44,19 @@ def wait_for_connection_file(path: Path, timeout: float) -> None:
 
 
 def main() -> None:
-    rankside.timeline["process"] = started_at()
-    rankside.mark("python")
+    calls.timeline["process"] = started_at()
+    calls.mark("python")
     pin(os.environ, len(os.sched_getaffinity(0)))
     network.join_node_network(os.environ)
     telemetry.start_sampling(os.environ)
     if warm := os.environ.get("HPCAI_WARM"):
-        rankside.start_booting(FRAMEWORKS[warm])
+        calls.start_booting(FRAMEWORKS[warm])
     from ipyparallel.engine.app import main as engine_main
 
-    rankside.mark("imported")
+    calls.mark("imported")
     if connection := os.environ.get("HPCAI_CONNECTION_FILE"):
         wait_for_connection_file(Path(connection), float(os.environ.get("HPCAI_CONTROLLER_TIMEOUT", "60")))
-    rankside.mark("controller")
+    calls.mark("controller")
     sys.exit(engine_main())
 
 

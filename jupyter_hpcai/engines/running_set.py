@@ -1,0 +1,362 @@
+"""One engine set while it runs (in the kernel): its ipyparallel controller and engines, the client that reaches
+them, the ranks as they reported themselves, and the set's folder (contract.py).
+
+``RunningSet.prepare`` then ``launch`` start the controller and the ranks side by side: each rank imports and
+initialises its framework (ranks/boot.py) while the controller starts and the engines register.
+``RunningSet.attach`` takes over a set another kernel of the job started. Running cells on it is cells.py; the
+kernel's handle is engines.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import ipyparallel as ipp
+from traitlets.config import Config
+
+from .. import network, slurm
+from ..allocation import Allocation
+from ..container_launch import ContainerLaunch
+from ..contract import RANK_LOG, RankTable
+from ..errors import HPCAIError
+from ..proc import wait_until
+from ..ranks import calls, telemetry
+from ..ranks import stacks as rank_stacks
+from ..ranks.frameworks import DISTRIBUTIONS
+from . import listing
+from .controller import command as tied_controller
+from .launch import LAUNCHERS, Layout, RankSetLauncher
+from .report import launcher_said
+
+Progress = Callable[[int, int], None]  # (engines registered, engines wanted)
+# Heartbeats every 250 ms (a new engine registers at the first beat it answers); 20 misses (5 s) before an
+# engine counts as dead, as before.
+CONTROLLER_ARGS = ["--HeartMonitor.period=250", "--HeartMonitor.max_heartmonitor_misses=20"]
+_start_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class Rank:
+    """One engine as the user sees it (a contract.RankRow)."""
+
+    rank: int
+    host: str
+    gpu: str
+    pid: int
+    engine_id: int
+    addr: str = ""  # the node's address, which the other nodes reach
+    alive: bool = True
+
+
+@dataclass
+class Timeline:
+    """When each phase of a start ended, in seconds after the start was asked for (the last rank's, for
+    phases every rank goes through): what ``hpcai bench overhead --breakdown`` prints."""
+
+    started: float = field(default_factory=time.time)
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, phase: str, at: float | None = None) -> None:
+        self.phases[phase] = (time.time() if at is None else at) - self.started
+
+    def ranks_reached(self, timelines: list[dict[str, float]]) -> None:
+        """The ranks' own boot phases (ranks/boot.py), each at the last rank to end it."""
+        for phase, label in RANK_PHASES.items():
+            ends = [t[phase] for t in timelines if phase in t]
+            if len(ends) == len(timelines) and ends:
+                self.mark(label, max(ends))
+
+
+RANK_PHASES = {"process": "srun step start (rank processes exist)", "python": "python start",
+               "imported": "imports (pin, network, ipyparallel)", "controller": "connection file seen",
+               "framework": "framework import + init (on the ranks, at boot)"}
+
+
+def controller_ip(allocation: Allocation | None) -> str:
+    """Where the controller listens: ``HPCAI_CONTROLLER_IP``; in an allocation, this host's address on its route
+    to the allocation's first node, wherever the kernel runs (on a node, on the login node under ``salloc``, in a
+    hub-started server); outside one, loopback (the ranks run on this host)."""
+    if os.environ.get("HPCAI_CONTROLLER_IP"):
+        return os.environ["HPCAI_CONTROLLER_IP"]
+    if allocation is None or not allocation.nodes:
+        return network.LOOPBACK
+    first = slurm.node_address(allocation.nodes[0])
+    try:
+        return network.source_address(first)
+    except OSError as err:
+        raise HPCAIError(f"this host has no route to the allocation's first node {allocation.nodes[0]} "
+                         f"({first}): {err}", "set HPCAI_CONTROLLER_IP to this host's address on the nodes' network"
+                         ) from None
+
+
+def node_addresses(allocation: Allocation | None) -> dict[str, str]:
+    """Every node's Slurm address, for the ranks to find their interface (network.py); none outside a job."""
+    return slurm.node_addresses(allocation.nodes) if allocation and allocation.nodes else {}
+
+
+def command(layout: Layout, allocation: Allocation | None, folder: Path | None = None) -> list[str]:
+    """The command that starts the ranks for ``layout`` (printable before anything starts)."""
+    return LAUNCHERS[layout.launcher].command(layout, node_addresses(allocation), rank_logs=folder)
+
+
+@dataclass
+class RunningSet:
+    """A started (or attached) engine set. ``framework``: initialised on every rank (cells.py sets it)."""
+
+    cluster: ipp.Cluster
+    client: ipp.Client | None  # None until the controller is up
+    folder: Path
+    layout: Layout
+    warm: str | None  # initialised by the ranks as they booted
+    telemetry_interval: float
+    listens: str = ""  # the controller's address
+    connection_file: Path | None = None  # the file the ranks read the controller's address from
+    ranks: list[Rank] = field(default_factory=list)
+    versions: dict[int, dict[str, Any]] = field(default_factory=dict)
+    framework: str | None = None
+    timeline: Timeline | None = None
+
+    @classmethod
+    def prepare(cls, allocation: Allocation | None, job: str, layout: Layout, warm: str | None, timeout: float,
+                telemetry_interval: float, goes_with_kernel: bool) -> RunningSet:
+        """A set configured and its folder made, nothing started yet (``launch`` starts it). ``job``: the Slurm job
+        (or "local"), the first part of the set's id; ``goes_with_kernel``: the set stops with this kernel."""
+        cluster_id = f"hpcai-{job}-{os.getpid()}-{next(_start_ids)}"  # never a previous start's files
+        config = Config()
+        config.RankSetLauncher.launcher = layout.launcher
+        if goes_with_kernel:  # a killed kernel's controller stops too (controller.py)
+            config.LocalControllerLauncher.controller_cmd = tied_controller(os.getpid())
+        listens = controller_ip(allocation)
+        cluster = ipp.Cluster(n=layout.n, engine_launcher_class=RankSetLauncher, controller_ip=listens,
+                              cluster_id=cluster_id, config=config, engine_timeout=int(timeout), log_level=40,
+                              controller_args=CONTROLLER_ARGS, send_engines_connection_env=False,
+                              shutdown_atexit=goes_with_kernel)
+        # the set's folder sits in the profile, which every node reads already (the connection file); the
+        # command names it, so it is set once the cluster knows its profile
+        folder = listing.create_set_folder(Path(cluster.profile_dir), cluster_id)
+        cluster.config.RankSetLauncher.command = command(layout, allocation, folder)
+        connection_file = Path(cluster.profile_dir) / "security" / f"ipcontroller-{cluster_id}-engine.json"
+        self = cls(cluster, None, folder, layout, warm, telemetry_interval, listens,  # type: ignore[arg-type]
+                   connection_file, timeline=Timeline())
+        self.write_rank_table()  # owned from the start: another kernel's start leaves a starting set alone
+        return self
+
+    def launch(self, allocation: Allocation | None, timeout: float, progress: Progress | None) -> None:
+        """Start the controller and the ranks side by side; return once every rank registered."""
+        cluster, timeline = self.cluster, self.timeline
+        assert timeline is not None
+        cluster.start_controller_sync()
+        timeline.mark("controller process started")
+        # The ranks start now, beside the controller; each waits for the controller's file (ranks/boot.py).
+        cluster.start_engines_sync(environment={
+            network.NODE_ADDRS: network.encode_addresses(node_addresses(allocation)), "HPCAI_WARM": self.warm or "",
+            "HPCAI_CONNECTION_FILE": str(self.connection_file), "HPCAI_CONTROLLER_TIMEOUT": str(timeout),
+            telemetry.FOLDER_VAR: str(self.folder), telemetry.INTERVAL_VAR: str(self.telemetry_interval)})
+        timeline.mark("launcher started")
+        listing.record_processes(cluster)
+        try:
+            self.client = cluster.connect_client_sync()
+        except (RuntimeError, TimeoutError) as err:
+            said = launcher_said(_output(cluster.controller)) if cluster.controller else ""
+            where = os.environ.get("SLURMD_NODENAME") or "this host"
+            raise HPCAIError(f"the ipyparallel controller could not start on {where} (listening on {self.listens}): "
+                             f"{err}" + (f"\nit said:\n{said}" if said else ""),
+                             "check HPCAI_CONTROLLER_IP (an address of this node, or unset), then %hpc start again"
+                             ) from None
+        timeline.mark("controller up")
+        registered = self._wait_for_engines(self.layout.n, timeout, progress)
+        timeline.mark("all registered", max(registered.values()))
+        rank_timelines, _ = self._read_ranks()
+        self.write_rank_table()
+        timeline.ranks_reached(rank_timelines)
+        timeline.mark("rank table + preflight data")
+
+    @property
+    def connected(self) -> ipp.Client:
+        """The client, once the controller is up."""
+        if self.client is None:
+            raise HPCAIError("the engines are still starting", "wait for the start to end, or %hpc stop")
+        return self.client
+
+    @classmethod
+    def attach(cls, job: str, cluster_id: str | None, timeout: float) -> RunningSet:
+        """A set running in this job already (an earlier kernel's, or another notebook's), with everything
+        defined on the ranks: ``cluster_id``, else the only set no kernel uses, else the only set."""
+        found = listing.attachable(job, cluster_id)
+        cluster = found.cluster()
+        try:
+            client = cluster.connect_client_sync(timeout=timeout)
+        except (RuntimeError, TimeoutError, OSError) as err:
+            raise HPCAIError(f"could not reach the controller of {found.cluster_id}: {err}",
+                             "stop the set (side panel) and start new engines with %hpc start") from None
+        wanted = {r["engine_id"] for r in found.table["ranks"]}
+
+        def registered() -> bool:
+            client.spin()
+            return wanted <= set(client.ids)
+
+        try:
+            wait_until(registered, timeout=timeout, what=f"the {len(wanted)} engines of {found.cluster_id} to answer",
+                       hint="ranks died: stop the set (side panel) and %hpc start new engines")
+        except HPCAIError:
+            client.close()
+            raise
+        self = cls(cluster, client, found.folder, Layout(**found.table["layout"]), found.table.get("warm"),
+                   found.table.get("telemetry_interval", telemetry.DEFAULT_INTERVAL))
+        _, frameworks = self._read_ranks()
+        self.framework = frameworks.pop() if len(frameworks) == 1 else None  # initialised on every rank
+        self.write_rank_table(owners=listing.live_owners(found.table))
+        return self
+
+    def write_rank_table(self, owners: Sequence[int] = ()) -> None:
+        """The rank table, this kernel among the set's owners (the kernels using it)."""
+        table: RankTable = {
+            "launcher": self.layout.launcher, "container": ContainerLaunch.from_env(os.environ) is not None,
+            "ranks": [asdict(r) for r in self.ranks],  # type: ignore[misc]
+            "owners": sorted({*owners, os.getpid()}), "layout": asdict(self.layout), "warm": self.warm,
+            "telemetry_interval": self.telemetry_interval}
+        listing.write_rank_table(self.folder, table)
+
+    def _wait_for_engines(self, n: int, timeout: float, progress: Progress | None) -> dict[int, float]:
+        """Until ``n`` engines registered; when each did (wall clock, as the kernel saw it)."""
+        deadline = time.monotonic() + timeout
+        seen: dict[int, float] = {}
+        while True:
+            self.connected.spin()
+            for eid in self.connected.ids:
+                seen.setdefault(eid, time.time())
+            if len(seen) >= n:
+                break
+            if progress:
+                progress(len(seen), n)
+            if any(_exited(launcher) for launcher in self.cluster.engines.values()):
+                said = self.launcher_report(wait=0)
+                raise HPCAIError(f"the engine launcher exited before {n} engines registered ({self.dialled()}):"
+                                 f"\n{said}", "check the allocation (squeue), that the env runs on every node, and "
+                                 "that the nodes reach that address (else set HPCAI_CONTROLLER_IP to one they reach)")
+            if time.monotonic() > deadline:
+                said = self.launcher_report(wait=0)
+                raise HPCAIError(f"only {len(seen)} of {n} engines registered within {timeout:g} s ({self.dialled()})"
+                                 + (f"; the launcher and the ranks said:\n{said}" if said else ""),
+                                 "the nodes may be slow to start python (try again with a longer timeout), or may not "
+                                 "reach that address (set HPCAI_CONTROLLER_IP to one they reach)")
+            time.sleep(0.02)
+        if progress:
+            progress(n, n)
+        return seen
+
+    def dialled(self) -> str:
+        """Where the controller listens and the address the ranks dial (from the connection file they read)."""
+        try:
+            info = json.loads(self.connection_file.read_text()) if self.connection_file else {}
+            dial = f"{info['interface']}:{info['registration']}"
+        except (OSError, ValueError, KeyError):
+            dial = "(no connection file yet)"
+        return f"the controller listens on {self.listens}; the ranks dial {dial}"
+
+    def _read_ranks(self) -> tuple[list[dict[str, float]], set[str | None]]:
+        """One round trip: who each engine is and the versions the preflight compares (kept), each rank's boot
+        timeline and the frameworks the ranks initialised (returned)."""
+        ids = list(self.connected.ids)
+        infos = self.connected[ids].apply_sync(calls.rank_info, list(DISTRIBUTIONS))
+        ranks = sorted(((Rank(i["rank"], i["host"], i["gpu"], i["pid"], eid, i["addr"]), i)
+                        for eid, i in zip(ids, infos)), key=lambda pair: (pair[0].rank, pair[0].engine_id))
+        if [r.rank for r, _ in ranks] != list(range(len(ranks))):  # no MPI rank (local launcher without MPI)
+            ranks = [(replace(r, rank=k), i) for k, (r, i) in enumerate(ranks)]
+        self.ranks, self.versions = [r for r, _ in ranks], {r.rank: i["versions"] for r, i in ranks}
+        return [i["timeline"] for _, i in ranks], {i["framework"] for _, i in ranks}
+
+    def stop(self) -> None:
+        """Stop the engines and the controller, and remove the set's folder."""
+        if self.client is not None:
+            self.client.close()
+        try:
+            self.cluster.stop_cluster_sync()
+        except Exception:  # engines that died already (or never started); the controller still goes
+            self.cluster.stop_controller_sync()
+        listing.forget_processes(self.cluster.cluster_id)
+        self.remove_folder()
+
+    def remove_folder(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    # --- what the ranks are doing -------------------------------------------------------------------------
+    def status(self) -> list[Rank]:
+        """The ranks, each marked alive or not (an engine the controller lost is not alive)."""
+        self.connected.spin()
+        alive = set(self.connected.ids)
+        return [replace(r, alive=r.engine_id in alive) for r in self.ranks]
+
+    def dead(self) -> list[Rank]:
+        return [r for r in self.status() if not r.alive]
+
+    def controller_alive(self) -> bool:
+        """True while the controller process (it runs beside the kernel) is there."""
+        controller = self.cluster.controller
+        return bool(controller and controller.state == "running") and not _exited(controller)
+
+    def launcher_report(self, wait: float = 10) -> str:
+        """After ranks died: what the launcher printed, once it has exited (waiting at most ``wait`` s), cut down
+        to the part that names the cause (report.launcher_said): what ranks wrote before dying (Open MPI's error
+        blocks whole, once for all the ranks that printed them) and srun's word on dead tasks."""
+        launchers = list(self.cluster.engines.values())
+        try:
+            wait_until(lambda: all(_exited(ln) for ln in launchers), timeout=wait, what="the launcher to exit")
+        except HPCAIError:
+            pass  # report what it said so far
+        ranks = sorted(self.folder.glob(RANK_LOG.format(rank="*")))
+        return launcher_said("\n".join([*map(_output, launchers), *(p.read_text(errors="replace") for p in ranks)]))
+
+    def view(self) -> ipp.DirectView:
+        """A DirectView on the ranks, in rank order (for %%px and ipyparallel's own API)."""
+        return self.connected[[r.engine_id for r in self.ranks]]
+
+    def call(self, rank: int, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)`` on one rank, its result (frameworks' params use it)."""
+        return self.connected[self.ranks[rank].engine_id].apply_sync(function, *args)
+
+    def boot_timelines(self) -> list[dict[str, float]]:
+        """Each rank's boot phases as they are now (one round trip; the breakdown asks after the first cell)."""
+        return [i["timeline"] for i in self.view().apply_sync(calls.rank_info)]
+
+    def stacks(self, native: bool = False, timeout: float = 60) -> list[rank_stacks.StackGroup]:
+        """Every rank's Python stack (py-spy, from outside, so it works while ranks are blocked in C), identical
+        ones grouped; ``native`` adds the C frames."""
+        if ContainerLaunch.from_env(os.environ) is not None:
+            raise rank_stacks.container_refusal()
+        return rank_stacks.collect([(r.rank, r.host, r.pid) for r in self.ranks],
+                                   LAUNCHERS[self.layout.launcher].on_nodes, native, timeout)
+
+    def set_telemetry(self, interval: float) -> None:
+        """Sample every ``interval`` seconds on every rank from now on (0: off), the ranks staying as they are."""
+        self.view().apply_sync(telemetry.set_interval, telemetry.checked_interval(interval))
+        self.telemetry_interval = interval
+
+    def samples(self) -> list[telemetry.Sample]:
+        """Every rank's latest telemetry (read from the set's folder: nothing asks the ranks)."""
+        return telemetry.read(self.folder)
+
+
+def _exited(launcher: Any) -> bool:
+    """Whether a launcher's process has ended (a zombie has). Asks the process: ipyparallel moves ``state`` to
+    'after' from its event loop, which runs only during its own calls."""
+    try:
+        return launcher.process.status() == "zombie" or launcher.poll() is not None
+    except Exception:  # psutil.NoSuchProcess: already reaped
+        return True
+
+
+def _output(launcher: Any) -> str:
+    """All a launcher printed so far (its ``get_output`` caches the first read, so read the file while there)."""
+    try:
+        return Path(launcher.output_file).read_text(errors="replace")
+    except (OSError, TypeError):
+        return launcher.get_output(remove=False) or ""
