@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-import jupyter_hpcai.spawner  # registers the hub's API handlers: our /hub/api/batchspawner (a port, nothing else; batchspawner's own is taken out), extend, continue
+import jupyter_hpcai.spawner
 
 from jupyter_hpcai.devcluster import DevCluster
 
@@ -49,6 +49,8 @@ if os.environ.get("HPCAI_HUB_API_TOKEN"):
     c.JupyterHub.load_roles = [{"name": "admin", "services": ["hpcai-admin"]}]
 
 c.JupyterHub.spawner_class = "jupyter_hpcai.spawner.HPCSlurmSpawner"
+# the hub's API for the notebook servers: the port a server reports (nothing else), extend, continue
+jupyter_hpcai.spawner.hub_api.register()  # batchspawner's own /hub/api/batchspawner is taken out
 c.Spawner.cmd = [f"{sys.prefix}/bin/jupyterhub-singleuser"]
 # `hpcai demo` opens JupyterLab on the example notebook it copied into the demo user's home
 notebook = os.environ.get("HPCAI_DEMO_NOTEBOOK")

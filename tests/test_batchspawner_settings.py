@@ -16,7 +16,7 @@ from helpers.hub import USER, ensure_user
 from helpers.jupyter import free_port
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.spawner import compat
-from jupyter_hpcai.spawner.spawner import offline_spawner
+from jupyter_hpcai.spawner.spawner import HPCSlurmSpawner, offline_spawner
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "spawner_config" / "demo_config.py"
@@ -28,6 +28,40 @@ def test_every_batchspawner_setting_is_mapped_or_refused() -> None:
     names = {n for n in SlurmSpawner.class_trait_names(config=True)
              if n.startswith(("req_", "batch_", "state_")) or n == "exec_prefix"}
     assert names - {*compat.SBATCH, *compat.USED, *compat.REFUSED} == set()
+
+
+def test_a_hub_config_must_register_our_api_and_never_gets_batchspawners() -> None:
+    """The hub's config registers the hub's API (hub_api.register()); a config with HPCSlurmSpawner that does not
+    stops the hub (no server could report its port). batchspawner's own handler, which would let a server set any
+    spawner attribute, is never served: taken out of the hub's handlers, and its class answers as ours."""
+    import batchspawner.api
+    from jupyterhub.apihandlers import default_handlers
+
+    from jupyter_hpcai.spawner import hub_api
+
+    before = list(default_handlers)
+    try:
+        default_handlers[:] = [h for h in default_handlers if h not in hub_api.HANDLERS]
+        default_handlers.append((r"/api/batchspawner", batchspawner.api.BatchSpawnerAPIHandler))  # as its import does
+        for spawner_class in ("jupyter_hpcai.spawner.HPCSlurmSpawner", type("Site", (HPCSlurmSpawner,), {})):
+            config = Config()
+            config.JupyterHub.spawner_class = spawner_class
+            with pytest.raises(HPCAIError) as refused:
+                compat.check(config)
+            assert "does not register jupyter-hpcai's hub API" in refused.value.message
+            assert refused.value.hint == "add to it: jupyter_hpcai.spawner.hub_api.register()"
+        other = Config()
+        other.JupyterHub.spawner_class = "batchspawner.SlurmSpawner"
+        compat.check(other)  # another spawner's hub: not ours to check
+        hub_api.register()
+        compat.check(config)
+        assert not any(h[1] is batchspawner.api.BatchSpawnerAPIHandler for h in default_handlers)
+        default_handlers.insert(0, (r"/api/hpcai/extend", batchspawner.api.BatchSpawnerAPIHandler))  # shadowed
+        assert not hub_api.registered()
+    finally:
+        default_handlers[:] = before
+    # a hub that routed to batchspawner's class before this package was imported gets our checks from it
+    assert batchspawner.api.BatchSpawnerAPIHandler.post is hub_api.PortHandler.post
 
 
 @pytest.mark.parametrize("name", sorted(compat.REFUSED))

@@ -25,7 +25,7 @@ from helpers.hub import BOB, USER, Hub, as_user, ensure_user, every_gpu_held
 from jupyter_hpcai import allocation, slurm
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
-from jupyter_hpcai.spawner.follow_up import follow_up_name
+from jupyter_hpcai.spawner.hub_api import follow_up_name
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 PROFILE = "1 node, 1 GPU (debug)"  # the demo config extends no debug job; gpu jobs up to 4 h
@@ -219,7 +219,7 @@ def test_a_server_reports_an_unprivileged_port_only() -> None:
     """The hub and the proxy connect to the port a server reports: never to a node's sshd or another root service."""
     from tornado.web import HTTPError
 
-    from jupyter_hpcai.spawner.api import checked_port
+    from jupyter_hpcai.spawner.hub_api import checked_port
 
     assert checked_port({"port": 1024}) == 1024 and checked_port({"port": 65535}) == 65535  # control
     for port in (22, 1023):

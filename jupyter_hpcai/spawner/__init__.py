@@ -1,9 +1,8 @@
-"""The hub side: HPCSlurmSpawner and its validated options."""
+"""The hub side (runs in JupyterHub, as root): HPCSlurmSpawner, its validated options, and the hub's API handlers,
+which the hub's config registers (hub_api.register())."""
 
-from . import extend, follow_up  # noqa: F401  register the hub's /hub/api/hpcai/extend and /continue handlers
 from .options import OptionsError, Profile, SpawnOptions, validate
 from .spawner import HPCSlurmSpawner
-from . import api  # noqa: E402,F401  after batchspawner's import: its /hub/api/batchspawner handler replaced by ours
-from . import compat  # noqa: E402,F401  compat.check(c): the last line of the site template and the demo config
+from . import compat, hub_api  # noqa: E402  after batchspawner's import (by spawner.py)
 
-__all__ = ["HPCSlurmSpawner", "OptionsError", "Profile", "SpawnOptions", "validate"]
+__all__ = ["HPCSlurmSpawner", "OptionsError", "Profile", "SpawnOptions", "compat", "hub_api", "validate"]

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import HPCAIError
+from . import hub_api
 
 # The classes whose config sections HPCSlurmSpawner reads (an admin moving from batchspawner set SlurmSpawner's).
 SECTIONS = ("Spawner", "BatchSpawnerBase", "SlurmSpawner", "HPCSlurmSpawner")
@@ -64,9 +65,21 @@ def _hub_writes(option: str) -> bool:
 _VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+def _is_ours(spawner_class: Any) -> bool:
+    """Whether a config's ``JupyterHub.spawner_class`` (a name or a class) is HPCSlurmSpawner or a subclass."""
+    if isinstance(spawner_class, str):
+        return spawner_class.rsplit(".", 1)[-1] == "HPCSlurmSpawner"
+    return any(cls.__name__ == "HPCSlurmSpawner" for cls in getattr(spawner_class, "__mro__", ()))
+
+
 def check(config: Mapping[str, Any]) -> None:
     """Stop the hub (HPCAIError) on a batchspawner setting HPCSlurmSpawner would not use, naming it and what to set
-    instead; and on a value of a used one that cannot reach a job script."""
+    instead; on a value of a used one that cannot reach a job script; and on a hub config that spawns with
+    HPCSlurmSpawner without registering the hub's API (hub_api.register), where no server could report its port."""
+    hub = dict(config.get("JupyterHub") or {})
+    if _is_ours(hub.get("spawner_class")) and not hub_api.registered():
+        raise HPCAIError("the hub's config does not register jupyter-hpcai's hub API, so no notebook server could "
+                         "report its port", "add to it: jupyter_hpcai.spawner.hub_api.register()")
     for section in SECTIONS:
         for name, value in dict(config.get(section) or {}).items():
             if name in REFUSED:

@@ -108,4 +108,3 @@ class Estimates:
 # the estimates' own threads, one per user at most: a form storm's sbatch --test-only never holds the default pool,
 # where the hub's job-state query and the spawners' other blocking calls run, and no user holds all of these
 POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hpcai-estimates")
-ESTIMATES = Estimates()

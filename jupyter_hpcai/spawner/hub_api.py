@@ -1,24 +1,48 @@
-"""The one endpoint through which a notebook job's server reports to the hub: ``POST /hub/api/batchspawner``.
+"""Every HTTP endpoint jupyter-hpcai adds to the hub (runs in the hub, as root), each for a notebook job's server
+and only with that server's own token (the server extension and the magics send it from the server's
+environment, in a header). The site template and the demo config register them explicitly, as the hub loads its
+config (before it builds its routes):
 
-batchspawner's own handler at that path (registered by ``import batchspawner``) sets every attribute named in
-the request body on the spawner, so a user's server could set ``exec_prefix``, ``batch_cancel_cmd`` or
-another user's ``job_id`` and have the root hub run it. This module takes that handler out of the hub's
-handlers and puts this one at the same path: batchspawner-singleuser still sends ``{"port": N}`` there, and
-that is all it accepts: a port from 1024 to 65535, from the server's own token, while its start is pending and
-no port is set. Anything else is refused with 400 and the reason; the log names the user, never the body.
+    jupyter_hpcai.spawner.hub_api.register()
+
+(into the hub's API handlers, as batchspawner registers its own: JupyterHub's ``extra_handlers`` is deprecated).
+
+- ``POST /hub/api/batchspawner {"port": N}``: the port the starting server listens on, and nothing else.
+  batchspawner's own handler at that path sets every attribute named in the body on the spawner, so a user's
+  server could set ``exec_prefix``, ``batch_cancel_cmd`` or another user's ``job_id`` and have the root hub run
+  it. ``register`` takes it out of the hub's handlers, and importing this module makes batchspawner's handler
+  class itself answer as ours, so that even a hub that built its routes before (a config that imports this
+  package only at the first spawn) never runs batchspawner's.
+- ``POST /hub/api/hpcai/extend {"seconds": N}``: more walltime for the token's job, within the site's policy
+  (``HPCSlurmSpawner.extend``).
+- ``POST /hub/api/hpcai/continue``: a follow-up notebook job (``%hpc continue``): the same options, as the named
+  server ``after-<job>``, which Slurm starts once the current job ends (``--dependency=afterany``). Asked again,
+  it answers with the follow-up already queued. A user has at most one follow-up waiting: each is a pending spawn
+  for hours, and pending spawns count against JupyterHub's ``concurrent_spawn_limit`` for everyone.
+
+A refusal is ``{"error", "hint"}`` (replies.refuse) or a 400 with the reason; the log names the user, never the
+body.
 """
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 import json
+import time
+from collections import defaultdict
+from typing import Any
 
 import batchspawner.api
 from jupyterhub.apihandlers import APIHandler, default_handlers
 from tornado import web
 
-from .extend import token_spawner
+from ..allocation import end_time
+from ..errors import HPCAIError
+from ..replies import extend_seconds, refuse
 
-PATH = r"/api/batchspawner"
+PORT_PATH = r"/api/batchspawner"
+QUEUED_WITHIN = 30  # seconds for a follow-up's sbatch to answer with a job id
 
 
 def checked_port(body: object) -> int:
@@ -31,6 +55,20 @@ def checked_port(body: object) -> int:
         # the proxy and the hub connect to it: never a node's privileged service
         raise web.HTTPError(400, "the port must be a whole number from 1024 to 65535")
     return port
+
+
+def token_spawner(handler: APIHandler) -> Any:
+    """The spawner of the request's user whose server's own token made the request, or None."""
+    token = handler.get_auth_token()
+    return next((s for s in handler.current_user.spawners.values() if s.api_token == token), None)
+
+
+def own_job(handler: APIHandler) -> Any:
+    """The notebook job whose server's own token made the request; 404 else."""
+    spawner = token_spawner(handler)
+    if spawner is None or not hasattr(spawner, "extend") or not getattr(spawner, "job_id", ""):
+        raise web.HTTPError(404, "this token belongs to no running notebook job: send the server's own token")
+    return spawner
 
 
 class PortHandler(APIHandler):  # type: ignore[misc]
@@ -54,11 +92,99 @@ class PortHandler(APIHandler):  # type: ignore[misc]
         self.finish(json.dumps({"message": "port recorded"}))
 
 
-def install() -> None:
-    """Replace batchspawner's handler in the hub's API handlers by this one (idempotent)."""
+class ExtendThroughHubHandler(APIHandler):  # type: ignore[misc]
+    """POST {"seconds": N}: extend the job of the server whose token authenticates the request."""
+
+    @web.authenticated
+    async def post(self) -> None:
+        seconds = extend_seconds(self.get_json_body())
+        spawner = own_job(self)
+        try:
+            granted = await spawner.extend(seconds)
+        except HPCAIError as err:
+            refuse(self, err)
+            return
+        self.finish(json.dumps(granted))
+
+
+def follow_up_name(job_id: str) -> str:
+    """The named server of job ``job_id``'s follow-up."""
+    return f"after-{int(job_id)}"
+
+
+def _seconds_left(job_id: str) -> int:
+    end = end_time(job_id)
+    return max(0, int((end - dt.datetime.now()).total_seconds())) if end else 0
+
+
+class ContinueHandler(APIHandler):  # type: ignore[misc]
+    """POST: queue the follow-up of the job whose server's token authenticates the request."""
+
+    _locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)  # user name -> held while one is asked
+
+    @web.authenticated
+    async def post(self) -> None:
+        current = own_job(self)
+        user = self.current_user
+        if not self.allow_named_servers:
+            refuse(self, HPCAIError("this hub does not allow named servers, so no follow-up job can wait beside "
+                                    "this one", "%hpc checkpoint, stop this server and start a new one, then "
+                                    "%hpc restore there (admins: JupyterHub.allow_named_servers = True)"))
+            return
+        name = follow_up_name(current.job_id)
+        async with self._locks[user.name]:  # the check and the spawn as one step: requests at once queue one
+            follower = user.spawners[name] if name in user.orm_spawners else None
+            if follower is None or not (follower.active or follower.pending):
+                waiting = next((s for n, s in user.spawners.items() if n.startswith("after-") and s.pending == "spawn"),
+                               None)
+                if waiting is not None:  # each waits as a pending spawn, which counts against concurrent_spawn_limit
+                    refuse(self, HPCAIError(f"a follow-up job of yours already waits: server {waiting.name} (Slurm "
+                                            f"job {waiting.job_id or 'not yet submitted'})",
+                                            "one follow-up per user waits at a time: let it start, or stop it on the "
+                                            "hub's home page"))
+                    return
+                follower = await self._spawn(user, name, current)
+        deadline = time.monotonic() + QUEUED_WITHIN
+        while not follower.job_id and (follower.pending or follower.active) and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+        if not follower.job_id:
+            raise web.HTTPError(500, f"the follow-up server {name} has no Slurm job yet: see the hub's log")
+        self.finish(json.dumps({"server": name, "url": f"{user.server_url(name)}lab", "job_id": follower.job_id,
+                                "after": current.job_id}))
+
+    async def _spawn(self, user: Any, name: str, current: Any) -> Any:
+        """Start the named server ``name`` with ``current``'s options, waiting in Slurm's queue for its job."""
+        await self._check_named_server_request(user, name, name)
+        follower = user.get_or_create_spawner(name, name, replace_failed=True)
+        follower.follows = current.job_id
+        # it waits in the queue for the rest of this job, then starts as any server does
+        follower.start_timeout = max(follower.start_timeout,
+                                     await asyncio.to_thread(_seconds_left, current.job_id) + current.start_timeout)
+        await self.spawn_single_user(user, name, name, options=dict(current.user_options or {}))
+        return follower
+
+
+HANDLERS: list[tuple[str, type[APIHandler]]] = [
+    (PORT_PATH, PortHandler),
+    (r"/api/hpcai/extend", ExtendThroughHubHandler),
+    (r"/api/hpcai/continue", ContinueHandler),
+]
+
+
+def register() -> None:
+    """Our handlers into the hub's API handlers, batchspawner's taken out (the hub config calls it; idempotent)."""
+    ours = {path for path, _ in HANDLERS}
     default_handlers[:] = [h for h in default_handlers
-                           if h[1] is not batchspawner.api.BatchSpawnerAPIHandler and h[0] != PATH]
-    default_handlers.append((PATH, PortHandler))
+                           if h[0] not in ours and h[1] is not batchspawner.api.BatchSpawnerAPIHandler] + HANDLERS
 
 
-install()
+def registered() -> bool:
+    """Whether the hub's API handlers serve ours at our paths (the first match is what tornado serves)."""
+    served = {}
+    for path, handler, *_ in default_handlers:
+        served.setdefault(path, handler)
+    return all(served.get(path) is handler for path, handler in HANDLERS)
+
+
+# batchspawner's handler class answers as ours wherever a hub routes to it
+batchspawner.api.BatchSpawnerAPIHandler.post = PortHandler.post

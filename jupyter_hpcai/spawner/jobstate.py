@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -155,7 +155,3 @@ class SubmitQueue:
                 return
         self._running -= 1
 
-
-JOB_STATES = JobStates()
-SUBMITS = SubmitQueue()
-USER_TURNS: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)  # user name -> held while one of theirs submits

@@ -12,7 +12,7 @@ import shlex
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from batchspawner import JobStatus, SlurmSpawner
 from tornado.web import HTTPError
@@ -21,25 +21,15 @@ from traitlets import Bool, Dict, Float, Integer, List, Set, Unicode, default
 from .. import slurm
 from ..envs import EnvStore, open_env
 from ..errors import HPCAIError
-from . import compat, estimates, extend, form, jobstate, script
+from . import compat, extend, form, script
 from .options import Limit, OptionsError, Profile, SpawnOptions, merge_limits, validate
 from .progress import pending_message
+from .scheduler import Scheduler, Settings
 
 LOG_TAIL_BYTES = 8192  # of a failed job's log, shown on the spawn page
 # All a command the hub runs as a user gets of the hub's own environment (which holds the hub's secrets, and
 # which sudo -E would pass on for the user to read in /proc): nothing but where the programs and Slurm are.
 COMMAND_ENV = ("PATH", "LANG", "LC_ALL", "SLURM_CONF")
-_LIMITS_CACHE: dict[str, tuple[float, list[slurm.Partition]]] = {}
-
-
-def _partitions(ttl: float) -> list[slurm.Partition]:
-    """sinfo's partitions, cached for ``ttl`` seconds (one sinfo per form, not per keystroke)."""
-    cached = _LIMITS_CACHE.get("all")
-    if cached and time.monotonic() - cached[0] < ttl:
-        return cached[1]
-    found = slurm.partitions()
-    _LIMITS_CACHE["all"] = (time.monotonic(), found)
-    return found
 
 
 def site_environments() -> dict[str, str]:
@@ -100,6 +90,17 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     job_umask = Integer(0o077, config=True, help="""The umask jobs are submitted with (Slurm passes it to the job):
         the job's log, and what the server creates, are private to the user unless this allows more.""")
 
+    _scheduler: ClassVar[Scheduler | None] = None  # the hub's one, made by the first spawner that asks
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The hub's Slurm service (scheduler.py), shared by every spawner, configured once: from the first
+        spawner's settings, which are the hub config's (users cannot set them: apply_user_options is refused)."""
+        if HPCSlurmSpawner._scheduler is None:
+            HPCSlurmSpawner._scheduler = Scheduler(Settings(self.limits_ttl, self.start_estimates_ttl,
+                                                            self.job_state_interval, self.max_concurrent_submits))
+        return HPCSlurmSpawner._scheduler
+
     # the form's last rejected submission, shown again with a message per field
     _rejected: tuple[dict[str, str], dict[str, str]] | None = None
     _options: SpawnOptions | None = None
@@ -116,7 +117,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
 
     def _limits(self) -> dict[str, Limit]:
         """The scheduler's partition limits (cached), narrowed by the admin's."""
-        return merge_limits(_partitions(self.limits_ttl), self.limits, list(self.partitions) or None)
+        return merge_limits(self.scheduler.partitions(), self.limits, list(self.partitions) or None)
 
     def _environments(self) -> dict[str, str]:
         return dict(self.environments) or site_environments()
@@ -136,8 +137,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         said: dict[str, str] = {}
         if self.start_estimates:  # at most estimates.WAIT seconds more for the form; else the last ones
             prefix = shlex.split(self.exec_prefix.format(username=self.user.name))
-            found = await estimates.ESTIMATES.of(self.user.name, prefix, profiles, command_env(),
-                                                 self.start_estimates_ttl)
+            found = await self.scheduler.start_estimates(self.user.name, prefix, profiles, command_env())
             now = time.time()
             said = {name: e.words(now) for name, e in found.items()}
         return form.render(profiles, await self.current_limits(), environments, values, errors, said)
@@ -231,9 +231,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             self._options, self._profile = await asyncio.to_thread(self._validate, self.user_options or {})
         except OptionsError as err:
             raise _refused(400, err) from None
-        # a user's starts submit one at a time (a user's own sbatch, stopped or stalled, holds one slot at most), and
-        # a storm never forks hundreds at once
-        async with jobstate.USER_TURNS[self.user.name], jobstate.SUBMITS.slot(self, self.max_concurrent_submits):
+        async with self.scheduler.submission(self.user.name, self):
             as_user = self.exec_prefix.format(username=self.user.name)
             try:  # Slurm writes the log only into a folder that exists: the user makes it (root never does, there)
                 await self.run_command(f"{as_user} install -d -m 0700 -- {shlex.quote(self.job_log_folder())}",
@@ -334,11 +332,8 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             await asyncio.sleep(self.startup_poll_interval)
 
     async def _job_info(self) -> dict[str, str] | None:
-        """Slurm's record of this spawner's job: from the hub's shared query of its jobs (jobstate.py), or its
-        own scontrol when ``job_state_interval`` is 0."""
-        if self.job_state_interval > 0:
-            return await jobstate.JOB_STATES.info(self.job_id, self.job_state_interval, self.log)
-        return await asyncio.to_thread(slurm.job_info, self.job_id)
+        """Slurm's record of this spawner's job (the hub's Scheduler: one query of its jobs per cycle)."""
+        return await self.scheduler.job_info(self.job_id, self.log)
 
     async def query_job_status(self) -> JobStatus:
         """Slurm's word on the job. A failed query is UNKNOWN (the job is kept), never 'gone'."""
@@ -419,7 +414,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         """Spawn-page events: job id, state, the scheduler's pending reason and expected start."""
         last = ""
         while True:
-            place = jobstate.SUBMITS.place(self)
+            place = self.scheduler.place(self)
             if not self.job_id and place:
                 message, pct = (f"Waiting to submit: number {place} in the hub's queue (it submits "
                                 f"{self.max_concurrent_submits} requests at a time)"), 2

@@ -1,0 +1,72 @@
+"""The hub's one view of Slurm (runs in the hub), shared by every HPCSlurmSpawner: the partitions' limits (one
+sinfo per ``limits_ttl``), each user's start estimates (estimates.py), the jobs' states (one squeue per
+``job_state_interval``, jobstate.JobStates) and the submissions (at most ``max_concurrent_submits`` at once, one per
+user, jobstate.SubmitQueue). ``HPCSlurmSpawner.scheduler`` makes it once, from the spawner class's settings."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from .. import slurm
+from .estimates import Estimate, Estimates
+from .jobstate import JobStates, SubmitQueue
+from .options import Profile
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The admin's settings (HPCSlurmSpawner's traits of the same names)."""
+
+    limits_ttl: float = 60
+    start_estimates_ttl: float = 30
+    job_state_interval: float = 1.0  # 0: each spawner asks Slurm on its own
+    max_concurrent_submits: int = 8
+
+
+class Scheduler:
+    """Slurm as the hub's spawners ask it, each question asked once for all of them."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.job_states = JobStates()
+        self.submits = SubmitQueue()
+        self.estimates = Estimates()
+        self._partitions: tuple[float, list[slurm.Partition]] | None = None
+        self._turns: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)  # user -> held while theirs submits
+
+    def partitions(self) -> list[slurm.Partition]:
+        """sinfo's partitions, cached for ``limits_ttl`` seconds (one sinfo per form, not per keystroke)."""
+        if self._partitions and time.monotonic() - self._partitions[0] < self.settings.limits_ttl:
+            return self._partitions[1]
+        found = slurm.partitions()
+        self._partitions = (time.monotonic(), found)
+        return found
+
+    async def start_estimates(self, user: str, prefix: Sequence[str], profiles: Sequence[Profile],
+                              env: Mapping[str, str]) -> dict[str, Estimate]:
+        """Profile name -> when Slurm expects it to start (estimates.Estimates.of)."""
+        return await self.estimates.of(user, prefix, profiles, env, self.settings.start_estimates_ttl)
+
+    async def job_info(self, job_id: str, log: logging.Logger | None = None) -> dict[str, str] | None:
+        """Slurm's record of ``job_id`` (None: Slurm no longer knows it): from the cycle's shared query, or its own
+        scontrol when ``job_state_interval`` is 0."""
+        if self.settings.job_state_interval > 0:
+            return await self.job_states.info(job_id, self.settings.job_state_interval, log)
+        return await asyncio.to_thread(slurm.job_info, job_id)
+
+    @asynccontextmanager
+    async def submission(self, user: str, ticket: object) -> AsyncIterator[None]:
+        """Held while ``ticket`` submits: a user's starts one at a time (a user's own sbatch, stopped or stalled,
+        holds one slot at most), and never more than ``max_concurrent_submits`` at once."""
+        async with self._turns[user], self.submits.slot(ticket, self.settings.max_concurrent_submits):
+            yield
+
+    def place(self, ticket: object) -> int:
+        """How many submissions wait before ``ticket`` (0: it is being submitted, or was)."""
+        return self.submits.place(ticket)
