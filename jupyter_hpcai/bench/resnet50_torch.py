@@ -1,4 +1,4 @@
-"""ResNet-50 with torch.distributed (DDP) on synthetic data; the same file runs under plain srun and %%torchrun.
+"""ResNet-50 with torch.distributed (DDP) on synthetic data; the same file runs under srun, torchrun and %%torchrun.
 
 torchvision's model when it imports beside this torch, else the same network defined here (bottleneck
 blocks [3, 4, 6, 3], 25.6 M parameters). Rank 0 prints ``HPCAI_BENCH {json}``.
@@ -58,14 +58,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
     import torch.distributed as dist
 
-    from .train_torch import _init_from_slurm
+    from .train_torch import init_plain
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if not dist.is_initialized():
-        _init_from_slurm()
+        init_plain()
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    model = nn.parallel.DistributedDataParallel(resnet50().to(device), device_ids=[0] if cuda else None)
+    # one GPU per rank: the engines pin each rank to its own (it sees one); bare torchrun shows every GPU to each
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count()) if cuda \
+        else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)  # NCCL's communicator on this rank's GPU
+    model = nn.parallel.DistributedDataParallel(resnet50().to(device), device_ids=[device] if cuda else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.01 * dist.get_world_size())
     size = args.image_size
     images = torch.rand(args.batch, 3, size, size, device=device)

@@ -1,7 +1,7 @@
-"""A small DDP training loop reporting images/sec; the same file runs under plain srun and %%torchrun.
+"""A small DDP training loop reporting images/sec; the same file runs under plain srun, torchrun and %%torchrun.
 
 Plain launch: ``srun --mpi=none python -m jupyter_hpcai.bench.train_torch`` (rank, world size and the
-rendezvous come from Slurm's variables, as torchrun-style launchers set them).
+rendezvous come from Slurm's variables), or ``torchrun --standalone --nproc-per-node=N -m ...`` (from its own).
 """
 
 from __future__ import annotations
@@ -12,17 +12,20 @@ import time
 from .train_small import parse_args
 
 
-def _init_from_slurm() -> None:
-    """Plain srun: RANK/WORLD_SIZE from Slurm; rank 0's node and a port derived from the job id."""
+def init_plain() -> None:
+    """A plain launch: torchrun's variables when it set them, else (srun) RANK/WORLD_SIZE from Slurm with rank 0's
+    node and a port derived from the job id; NCCL where there is a GPU, Gloo elsewhere (as %%torchrun chooses)."""
+    import torch
     import torch.distributed as dist
 
-    from ..slurm import expand_hostlist, node_address
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        from ..slurm import expand_hostlist, node_address
 
-    os.environ.setdefault("RANK", os.environ["SLURM_PROCID"])
-    os.environ.setdefault("WORLD_SIZE", os.environ["SLURM_NTASKS"])
-    os.environ.setdefault("MASTER_ADDR", node_address(expand_hostlist(os.environ["SLURM_STEP_NODELIST"])[0]))
-    os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ["SLURM_JOB_ID"]) % 20000))
-    dist.init_process_group("gloo")
+        os.environ.setdefault("RANK", os.environ["SLURM_PROCID"])
+        os.environ.setdefault("WORLD_SIZE", os.environ["SLURM_NTASKS"])
+        os.environ.setdefault("MASTER_ADDR", node_address(expand_hostlist(os.environ["SLURM_STEP_NODELIST"])[0]))
+        os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ["SLURM_JOB_ID"]) % 20000))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -34,7 +37,7 @@ def main(argv: list[str] | None = None) -> float:
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if not dist.is_initialized():
-        _init_from_slurm()
+        init_plain()
     torch.manual_seed(dist.get_rank())
     model = nn.parallel.DistributedDataParallel(nn.Sequential(
         nn.Conv2d(3, 16, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10)))
