@@ -1,9 +1,10 @@
 """What every rank runs (``python -m jupyter_hpcai.ranks.boot``, whichever launcher started it).
 
-In order: pin the rank to one GPU and its thread counts (engine.pin), point the transports at its node's
-interface (network.py), start its telemetry sampler (telemetry.py), start initialising the framework the
-kernel named (``HPCAI_WARM``) in a thread, then run the ipyparallel engine: importing it, waiting for the controller's connection file (the kernel
-starts the controller and the ranks side by side) and registering overlap the framework's import and init.
+In order: pin the rank to one GPU and its thread counts (identity.pin), point the transports at its node's
+interface (network.py), start its telemetry sampler (telemetry.py), import the ipyparallel engine, start
+initialising the framework the kernel named (``HPCAI_WARM``) in a thread, then run the engine: waiting for the
+controller's connection file (the kernel starts the controller and the ranks side by side) and registering
+overlap the framework's import and init.
 """
 
 from __future__ import annotations
@@ -49,10 +50,12 @@ def main() -> None:
     pin(os.environ, len(os.sched_getaffinity(0)))
     network.join_node_network(os.environ)
     telemetry.start_sampling(os.environ)
-    if warm := os.environ.get("HPCAI_WARM"):
-        calls.start_booting(FRAMEWORKS[warm])
+    # ipyparallel's engine is imported before the framework's thread starts importing: the two imports share
+    # modules, and importing them in two threads at once left about one rank start in six hanging silently
     from ipyparallel.engine.app import main as engine_main
 
+    if warm := os.environ.get("HPCAI_WARM"):
+        calls.start_booting(FRAMEWORKS[warm])
     calls.mark("imported")
     if connection := os.environ.get("HPCAI_CONNECTION_FILE"):
         wait_for_connection_file(Path(connection), float(os.environ.get("HPCAI_CONTROLLER_TIMEOUT", "60")))
