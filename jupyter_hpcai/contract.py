@@ -49,6 +49,10 @@ _ROWS = [
              "the engine set's private folder, where each rank writes telemetry-<rank>.json; unset: no telemetry"),
     Variable("HPCAI_TELEMETRY_INTERVAL", ("kernel",), ("rank",),
              "seconds between a rank's telemetry samples (%hpc start --telemetry, default 2; 0: off)"),
+    Variable("HPCAI_HOROVOD_RENDEZVOUS", ("kernel",), ("rank",),
+             "addr:port of the Horovod (Gloo) rendezvous the kernel holds for the world; empty: Horovod over MPI"),
+    Variable("HPCAI_HOROVOD_RANKS_PER_NODE", ("kernel",), ("rank",),
+             "ranks on each node of the launch, in rank order ('2,2'): each rank's Horovod slot follows from it"),
     Variable("HPCAI_CONTAINER", ("server", "rank", "cli"), ("kernel",),
              "JSON ContainerLaunch of a container env's kernel: how ranks run in the same container; unset: none"),
     # the exported batch job (export.py): its script exports them to its ranks (ranks/batch.py)
@@ -59,6 +63,13 @@ _ROWS = [
              "this rank's node address (from HPCAI_NODE_ADDRS), reported in rank_info"),
     Variable("HPCAI_NODE_GPUS", ("rank",), ("tests",),
              "the node's GPUs as Slurm gave them (comma-separated), before pin kept one in CUDA_VISIBLE_DEVICES"),
+    Variable("HPCAI_RANK_OFFSET", ("kernel",), ("rank",),
+             "in a grown job's ranks (%hpc grow): added to the launcher's rank, past the ranks already in the world"),
+    Variable("HPCAI_WORLD_RANK", ("kernel",), ("rank",),
+             "the rank in the world as the kernel last re-formed it (ranks/world.py assign); read before SLURM_PROCID"),
+    Variable("HPCAI_WORLD_SIZE", ("kernel",), ("rank",), "the re-formed world's size (hpc.world_size())"),
+    Variable("HPCAI_WORLD_LOCAL_RANK", ("kernel",), ("rank",), "the rank among the re-formed world's ranks on its node"),
+    Variable("HPCAI_WORLD_LOCAL_SIZE", ("kernel",), ("rank",), "the re-formed world's ranks on this node"),
     Variable("HPCAI_RANK", (), ("rank",), "the rank, if no SLURM_PROCID, OMPI_COMM_WORLD_RANK or PMI_RANK"),
     Variable("HPCAI_LOCAL_RANK", (), ("rank",),
              "the rank on its node, if no SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK or MPI_LOCALRANKID (default 0)"),
@@ -86,6 +97,8 @@ _ROWS = [
              "where the ipyparallel controller listens (default: route to the first node, else loopback)"),
     Variable("HPCAI_OWN_JOB_GRACE", ("user", "tests"), ("kernel",),
              "seconds a kernel's own job outlives its last keepalive, 4 to 3600 (default 120)"),
+    Variable("HPCAI_HOROVOD_CONTROLLER", ("admin", "user"), ("kernel",),
+             "gloo (default: worlds that grow, shrink and survive lost ranks) or mpi (the launch's MPI world, fixed)"),
     Variable("HPCAI_TORCH_BACKEND", ("user", "tests"), ("kernel", "rank"),
              "torch.distributed's backend (default: nccl with a GPU, else gloo)"),
     Variable("HPCAI_STRAGGLER_SHARE", ("admin", "user"), ("server", "kernel"),
@@ -141,6 +154,7 @@ class RankRow(TypedDict):
     engine_id: int  # ipyparallel's id for the rank's engine
     addr: str  # the node's address, which the other nodes reach
     alive: bool
+    job: str  # the Slurm job the rank runs in ("local" outside one): the set's job, or a grown one (%hpc grow)
 
 
 class RankTable(TypedDict):

@@ -69,6 +69,16 @@ def _share(text: str) -> float:
 
 
 @functools.cache
+def _ranks(text: str) -> list[int]:
+    try:
+        ranks = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of ranks (2,3)") from None
+    if not ranks or min(ranks) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of ranks (2,3)")
+    return ranks
+
+
 def hpc_parser() -> _Parser:
     parser = _Parser(prog="%hpc", add_help=True)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -110,6 +120,15 @@ def hpc_parser() -> _Parser:
     export.add_argument("--cells", default="all", help="the cells with this tag, or all (default)")
     export.add_argument("--out-dir", help="where the scripts go (default: beside the notebook)")
     sub.add_parser("continue", help="queue a follow-up notebook job with these options, starting when this one ends")
+    grow = sub.add_parser("grow", help="more nodes for the engines: a second Slurm job whose ranks join this world "
+                                       "(the estimate first; the next cell runs on the larger world)")
+    grow.add_argument("--nodes", type=_positive, required=True, help="how many more nodes")
+    grow.add_argument("--wait", action="store_true", help="return once their ranks are in (else at once)")
+    shrink = sub.add_parser("shrink", help="stop ranks and give their nodes back to Slurm (grown jobs' first)")
+    which = shrink.add_mutually_exclusive_group(required=True)
+    which.add_argument("--nodes", type=_positive, help="give back this many nodes (the notebook's own stays)")
+    which.add_argument("--ranks", type=_ranks, help="stop these ranks: 2,3")
+    which.add_argument("--node", help="stop every rank on this node")
     restore = sub.add_parser("restore", help="every hpc.Checkpoint on the ranks loads its latest save")
     restore.add_argument("path", nargs="?", help="the folder to load from (default: each one's own)")
     return parser
@@ -124,6 +143,8 @@ def run_parser(prog: str, script: bool = False) -> _Parser:
     parser.add_argument("--output", choices=OUTPUT_MODES, default="all")
     parser.add_argument("--push", default="", help="comma-separated notebook variables to send to every rank")
     parser.add_argument("-o", dest="var", help="store every rank's result in this variable (a list by rank)")
+    parser.add_argument("--elastic", type=_positive, metavar="MIN", help="when ranks die and at least MIN survive, "
+                        "go on with them: the world re-formed, the last checkpoint restored, the cell run again")
     if script:
         parser.add_argument("script", help="a Python file; its `if __name__ == '__main__'` block runs on every rank")
         parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")

@@ -30,13 +30,13 @@ class HPCMagics(Magics):  # type: ignore[misc]
         [--telemetry S] [--time T --partition P --account A: outside a job, an allocation of its own]
         | attach [CLUSTER_ID] | stop | restart | status | top [--for S] [--straggler SHARE] | telemetry S | stacks [--native]
         | checkpoint [PATH] | restore [PATH] | extend DURATION | continue | export [--cells TAG] [--out-dir D]
-        | panel"""
+        | grow --nodes K [--wait] | shrink --nodes K | --ranks R,R | --node NAME | panel"""
         args = parse(hpc_parser(), line)
         return SUBCOMMANDS[args.command](engines_api.current(), args)
 
     @line_cell_magic
     def horovod_run(self, line: str, cell: str | None = None) -> Any:
-        """%%horovod_run [-n N] [--timeout S] [--output all|rank0|collapse] [--push NAMES] [-o VAR]
+        """%%horovod_run [-n N] [--timeout S] [--output all|rank0|collapse] [--push NAMES] [-o VAR] [--elastic MIN]
         (Horovod on TensorFlow: hvd, tf, rank, size, local_rank), or %horovod_run [options] SCRIPT [ARGS...]"""
         return self._run("horovod", "horovod_run", line, cell)
 
@@ -60,7 +60,7 @@ class HPCMagics(Magics):  # type: ignore[misc]
                 raise HPCAIError(f"--push {var}: no such variable in the notebook", "define it first, or fix the name")
             push[var] = self.shell.user_ns[var]
         values = engines.run(cell, framework=framework, timeout=args.timeout, output=args.output, push=push,
-                             first_line=first_line)
+                             first_line=first_line, elastic=args.elastic)
         if args.var:
             self.shell.user_ns[args.var] = [values[r] for r in sorted(values)]
             return None
@@ -166,6 +166,8 @@ SUBCOMMANDS: dict[str, Callable[[Engines, argparse.Namespace], Any]] = {
     "checkpoint": lambda e, a: print(guard.report(e.checkpoint(a.path)), end=""),
     "restore": lambda e, a: print(guard.restored(e.restore(a.path)), end=""),
     "extend": _extend, "export": lambda e, a: _export(e, a.cells, a.out_dir), "continue": _continue, "panel": _panel,
+    "grow": lambda e, a: e.grow(a.nodes, wait=a.wait) and None,
+    "shrink": lambda e, a: print(e.shrink(nodes=a.nodes, ranks=a.ranks, node=a.node)),
 }
 
 
@@ -244,9 +246,10 @@ def _top(engines: engines_api.Engines, duration: float, ratio: float | None) -> 
 
 def _print_ranks(ranks: list[engines_api.Rank]) -> None:
     if ranks:
-        print(f"  {'rank':>4}  {'host':<12} {'gpu':<4} {'pid':>8}  alive")
+        print(f"  {'rank':>4}  {'host':<12} {'gpu':<4} {'pid':>8}  {'job':<8}  alive")
     for r in ranks:
-        print(f"  {r.rank:>4}  {r.host:<12} {r.gpu or '-':<4} {r.pid:>8}  {'yes' if r.alive else 'NO (dead)'}")
+        print(f"  {r.rank:>4}  {r.host:<12} {r.gpu or '-':<4} {r.pid:>8}  {r.job or '-':<8}  "
+              f"{'yes' if r.alive else 'NO (dead)'}")
 
 
 _guard: guard.WalltimeGuard | None = None

@@ -54,7 +54,7 @@ def test_start_pins_one_gpu_per_rank(world: JobKernel) -> None:
         assert len(gpus) == 2 and len(set(gpus)) == 2 and all(len(g.split(",")) == 1 for g in gpus)
         assert distinct_real_gpus(gpus), gpus  # where they are real GPUs, each rank has its own
     status = world.run("%hpc status").stdout
-    assert re.search(r"^\s+3\s+n2\s+\d\s+\d+\s+yes$", status, re.M), status
+    assert re.search(r"^\s+3\s+n2\s+\d\s+\d+\s+\d+\s+yes$", status, re.M), status
 
 
 def test_allreduce_on_four_ranks(world: JobKernel) -> None:
@@ -274,10 +274,10 @@ def test_traceback_line_numbers_are_the_cells(world: JobKernel) -> None:
     assert "line 2," not in block
 
 
-def test_status_has_the_alive_column(world: JobKernel) -> None:
+def test_status_has_the_job_and_alive_columns(world: JobKernel) -> None:
     lines = world.run("%hpc status").stdout.splitlines()
-    assert lines[0].split() == ["rank", "host", "gpu", "pid", "alive"]
-    assert [line.split()[-1] for line in lines[1:]] == ["yes"] * 4
+    assert lines[0].split() == ["rank", "host", "gpu", "pid", "job", "alive"]
+    assert [line.split()[-2:] for line in lines[1:]] == [[str(world.job_id), "yes"]] * 4
 
 
 def test_panel_follows_magics_in_other_cells(world: JobKernel) -> None:

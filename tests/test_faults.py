@@ -113,9 +113,10 @@ def broken_rank_environment(world: JobKernel, name: str, value: str) -> Iterator
 
 
 def test_mpi_that_cannot_start_is_reported_in_its_own_words(world: JobKernel) -> None:
-    """A bad MPI setting makes every rank abort in hvd.init(): the cell shows what Open MPI and srun said
-    (not only 'engine died')."""
-    with broken_rank_environment(world, "OMPI_MCA_pml", "no_such_pml"):
+    """A bad MPI setting makes every rank abort in hvd.init() (Horovod over MPI, HPCAI_HOROVOD_CONTROLLER=mpi): the
+    cell shows what Open MPI and srun said (not only 'engine died')."""
+    with broken_rank_environment(world, "HPCAI_HOROVOD_CONTROLLER", "mpi"), \
+            broken_rank_environment(world, "OMPI_MCA_pml", "no_such_pml"):
         # the ranks initialise Horovod as they boot: they die after registering (TensorFlow's import takes
         # longer), so the first cell reports it; if one died first, %hpc restart says so itself
         cell = world.run("%hpc restart", timeout=180)

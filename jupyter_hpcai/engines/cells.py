@@ -13,6 +13,8 @@ from typing import Any
 
 from ..errors import HPCAIError
 from ..ranks import calls
+from ..ranks.continuity import restore_all
+from ..ranks.continuity import steps as rank_steps
 from ..ranks import stacks as rank_stacks
 from ..ranks.frameworks import FRAMEWORKS
 from .output import OUTPUT_MODES, RankFailure, Streamer, Streams, Write
@@ -34,34 +36,81 @@ def preflight(world: RunningSet, framework: str) -> Outcomes:
     return found
 
 
-def framework_setup(world: RunningSet, name: str) -> Callable[[], Any] | None:
-    """What a cell's ranks run first so that ``name`` is initialised (None once it is)."""
-    if world.framework == name:
-        return None
+def framework_setup(world: RunningSet, name: str, elastic: bool = False) -> Callable[[], Any] | None:
+    """What a cell's ranks run first so that ``name`` is initialised (None once it is); a re-formed world's with the
+    framework's ``reformed`` params. ``elastic``: the cell goes on after lost ranks, which the framework must allow."""
     if name not in FRAMEWORKS:
         raise HPCAIError(f"unknown framework '{name}'", f"use one of: {', '.join(FRAMEWORKS)}")
-    preflight(world, name)
     framework = FRAMEWORKS[name]
-    params = framework.params(world) if framework.params else {}
-    return partial(calls.init_framework, framework, params)
+    if elastic and (why := framework.fixed()):
+        raise HPCAIError(f"--elastic: {why}", "or run the cell without --elastic")
+    if world.framework == name:
+        return None
+    preflight(world, name)
+    params_of = framework.reformed if world.changes and framework.reformed else framework.params
+    return partial(calls.init_framework, framework, params_of(world) if params_of else {})
+
+
+class RanksDied(Exception):
+    """Ranks died during an elastic cell (``whole``: its request) and enough may survive to go on."""
+
+    def __init__(self, whole: Any) -> None:
+        super().__init__("ranks died")
+        self.whole = whole
 
 
 @dataclass
 class Cell:
     """One cell on every rank of ``world``. ``lost`` stops the world (a rank died, the controller died, the
-    timeout passed): the kernel lives on and ``%hpc restart`` brings the world back."""
+    timeout passed): the kernel lives on and ``%hpc restart`` brings the world back. ``elastic``: when ranks die
+    and at least this many survive, the world re-forms on the survivors, restores the last checkpoint and runs
+    the cell again instead."""
 
     world: RunningSet
     write: Write
     timeout: float | None
     lost: Callable[[], None]
+    elastic: int | None = None
 
     def run(self, code: str, framework: str | None, output: str, push: dict[str, Any] | None,
             first_line: int) -> dict[int, Any]:
         """Each rank's value of the cell's last expression; RankFailure with every traceback if some failed."""
         if output not in OUTPUT_MODES:
             raise HPCAIError(f"unknown output mode '{output}'", f"use one of: {', '.join(OUTPUT_MODES)}")
-        setup = framework_setup(self.world, framework) if framework else None
+        if self.elastic is not None and not 1 <= self.elastic <= len(self.world.ranks):
+            raise HPCAIError(f"--elastic {self.elastic}: the world has {len(self.world.ranks)} ranks",
+                             f"use --elastic 1..{len(self.world.ranks)} (the fewest ranks to go on with)")
+        while True:
+            try:
+                return self._run_once(code, framework, output, push, first_line)
+            except RanksDied as died:
+                self._go_on_without(died.whole)
+
+    def _go_on_without(self, whole: Any) -> None:
+        """Once the survivors are done with the cell, they re-form the world and load the last checkpoint; one line
+        says so. Too few survivors, or some stuck: the world is lost as without ``elastic``."""
+        world = self.world
+        free = self._survivors_free(whole)
+        dead = world.dead()  # again: ranks of one node are found dead one by one
+        gone = {r.engine_id for r in dead}
+        survivors = [r.engine_id for r in world.ranks if r.engine_id not in gone]
+        if not free or len(world.ranks) - len(dead) < (self.elastic or 0):
+            self.lost()
+            who = ", ".join(f"rank {r.rank} on {r.host}" for r in dead)
+            why = "the survivors stayed stuck in the cell" if not free else f"fewer than {self.elastic} ranks are left"
+            raise RankFailure(f"ranks died: {who}; {why}, so the world was stopped; the notebook kernel is fine",
+                              "bring the world back with %hpc restart, then run the cell again")
+        lost_at = max(world.connected[survivors].apply_sync(rank_steps), default=0)
+        world.drop(dead)
+        restored = world.view().apply_sync(restore_all)
+        step = min((r["step"] for r in restored), default=0)
+        who = ", ".join(f"rank {r.rank} on {r.host}" for r in dead)
+        self.write(f"hpcai: {who} lost at step {lost_at}; continuing on {len(world.ranks)} ranks from step "
+                   f"{step}" + ("" if any(r["restored"] for r in restored) else " (no checkpoint saved yet)") + "\n")
+
+    def _run_once(self, code: str, framework: str | None, output: str, push: dict[str, Any] | None,
+                  first_line: int) -> dict[int, Any]:
+        setup = framework_setup(self.world, framework, self.elastic is not None) if framework else None
         if setup is not None:  # its own request: a rank that dies in it died of the framework's init
             self._request("pass", 1, None, setup, "all", initialising=framework)
             self.world.framework = framework
@@ -116,6 +165,8 @@ class Cell:
                                   "stopped and the notebook kernel is fine", "bring the world back with %hpc restart")
             if dead := world.dead():
                 streamer.feed(_texts(whole), final=True)
+                if self.elastic and len(world.ranks) - len(dead) >= self.elastic:
+                    raise RanksDied(whole)
                 report = world.launcher_report()
                 self.lost()
                 who = ", ".join(f"rank {r.rank} on {r.host}" for r in dead)
@@ -139,6 +190,27 @@ class Cell:
                                   "(stuck, e.g. waiting in a collective for a rank that never joined). "
                                   f"Where each rank was:\n{where}\nThe engines were stopped",
                                   "bring the world back with %hpc restart")
+
+    def _survivors_free(self, whole: Any, wait: float = 60) -> bool:
+        """Whether the surviving ranks finished their part of the cell (a collective with a dead peer fails on
+        them; one blocked in C is interrupted), so that they can run it again. The controller fails a dead rank's
+        part, so every part ends."""
+        client = self.world.connected
+
+        def free() -> bool:
+            client.spin()
+            return not set(whole.msg_ids) & client.outstanding
+
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and not free():
+            time.sleep(0.1)
+        if not free():
+            alive = [r.engine_id for r in self.world.ranks if r.engine_id in client.ids]
+            client.send_signal(signal.SIGINT, targets=alive, block=False)
+            end = time.monotonic() + 10
+            while time.monotonic() < end and not free():
+                time.sleep(0.1)
+        return free()
 
     def _tracebacks(self, failed: Outcomes) -> str:
         """Each failing rank's traceback under a line naming the rank, its host and the error."""

@@ -14,6 +14,7 @@ more, and the job's end stops them all (listing.record_processes). Outside a job
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -24,10 +25,11 @@ import ipyparallel as ipp
 from .. import slurm
 from ..allocation import Allocation
 from ..errors import HPCAIError
+from ..proc import wait_until
 from ..ranks import stacks as rank_stacks
 from ..ranks import telemetry
 from ..ranks.frameworks import FRAMEWORKS, default_framework
-from . import listing, own_job
+from . import listing, membership, own_job
 from .cells import CONTINUITY, Cell, Outcomes
 from .launch import Layout, plan
 from .output import Write
@@ -204,6 +206,8 @@ class Engines:
         running, self.set = self.set, None
         self.warm = None  # a restart after this starts cold, as the first cell after a lost world does
         if running is not None:
+            for job in running.grown:
+                membership.cancel(job)
             running.stop()
         if release and self.own_job is not None:
             self.own_job.release()
@@ -221,6 +225,79 @@ class Engines:
                           framework=warm, timeout=timeout, telemetry_interval=self.telemetry_interval,
                           progress=progress)
 
+    # --- who is in the world (membership.py) ---------------------------------------------------------------
+    def grow(self, nodes: int, *, wait: bool = False, timeout: float = 600, write: Write | None = None) -> str:
+        """Ask Slurm for ``nodes`` more nodes (a second job: the notebook job's partition, account, GPUs per node and
+        env, ending with it) whose ranks join this world; the next cell runs on the larger world. Says when Slurm
+        expects to start it first; ``wait``: return once its ranks are in. The job's id."""
+        write = write or _print
+        world = self.running_set()
+        growth = membership.growth(self.allocation, world, nodes)
+        log = str(own_job.log_folder() / "grow-%j.log")
+        script = growth.job_script(world, len(world.ranks) + sum(world.grown.values()), log)
+        write(f"asking Slurm for {nodes} more node(s) x {growth.gpus_per_node} GPU(s) for "
+              f"{slurm.format_duration(growth.seconds)}: {growth.estimate(script)}\n")
+        job = str(membership.submit(script).job_id)
+        world.grown[job] = nodes * growth.gpus_per_node
+        write(f"Slurm job {job} submitted; its ranks join when it runs" + (" (waiting)" if wait else
+              " (%hpc status shows them; the next cell runs on every rank in by then)") + "\n")
+        if wait:
+            wait_until(lambda: self.take_joined() or all(any(r.job == j for r in world.ranks) for j in world.grown),
+                       timeout=timeout, what=f"the ranks of Slurm job {job} to join",
+                       hint=f"it may wait in the queue (squeue -j {job}); %hpc shrink --nodes {nodes} cancels it")
+            write(f"{len(world.ranks)} ranks now, {world.grown[job]} of them in job {job}\n")
+        self._set_state("running")
+        return job
+
+    def take_joined(self) -> bool:
+        """Ranks of grown jobs that registered join the world once every rank of their job did (re-formed)."""
+        world = self.set
+        if world is None or world.client is None or not world.grown:
+            return False
+        waiting = sum(n for job, n in world.grown.items() if not any(r.job == job for r in world.ranks))
+        joined = world.joined() if waiting else []
+        if not joined or len(joined) < waiting:
+            return False
+        world.adopt(joined)
+        self._set_state("running")
+        return True
+
+    def shrink(self, *, nodes: int | None = None, ranks: list[int] | None = None, node: str | None = None) -> str:
+        """Stop ranks (``ranks``, those on ``node``, or the last ``nodes`` nodes: grown jobs' first, jobs still
+        waiting before those) and give their nodes back to Slurm; the world re-forms on the rest. What was done."""
+        world = self.running_set()
+        self.take_joined()
+        done: list[str] = []
+        waiting = [job for job in world.grown if not any(r.job == job for r in world.ranks)]
+        while nodes and waiting:  # what never started goes first
+            job = waiting.pop()
+            membership.cancel(job)
+            del world.grown[job]
+            nodes -= 1
+            done.append(f"cancelled Slurm job {job} (still waiting)")
+        if nodes != 0 or ranks is not None or node is not None:
+            chosen = membership.removable(world, nodes=nodes, ranks=ranks, node=node,
+                                          keep=os.environ.get("SLURMD_NODENAME"))
+            world.remove(chosen)
+            done.append(f"stopped {len(chosen)} rank(s) on {', '.join(sorted({r.host for r in chosen}))}")
+            done += self._give_back({r.host for r in chosen} - {r.host for r in world.ranks})
+        self._set_state("running")
+        return "; ".join(done) + f"; {len(world.ranks)} ranks now"
+
+    def _give_back(self, hosts: set[str]) -> list[str]:
+        """Nodes no rank uses any more go back to Slurm: a grown job without ranks ends; the notebook job's other
+        nodes are released from it."""
+        world, said = self.running_set(), []
+        for job in [j for j in world.grown if not any(r.job == j for r in world.ranks)]:
+            membership.cancel(job)
+            del world.grown[job]
+            said.append(f"Slurm job {job} cancelled")
+        mine = hosts & set(self.allocation.nodes if self.allocation else ()) - {os.environ.get("SLURMD_NODENAME")}
+        if mine and self.allocation is not None:
+            self.allocation = membership.release_nodes(self.allocation, mine)
+            said.append(f"{', '.join(sorted(mine))} given back to Slurm (job {self.allocation.job_id})")
+        return said
+
     # --- what the ranks are doing -------------------------------------------------------------------------
     def running_set(self) -> RunningSet:
         """The set that runs, or the error that says to start one."""
@@ -231,7 +308,10 @@ class Engines:
 
     def status(self) -> list[Rank]:
         """The ranks, each marked alive or not (an engine the controller lost is not alive)."""
-        return self.set.status() if self.running and self.set else []
+        if not self.running or self.set is None:
+            return []
+        self.take_joined()
+        return self.set.status()
 
     def samples(self) -> list[telemetry.Sample]:
         """Every rank's latest telemetry (read from the set's folder: nothing asks the ranks)."""
@@ -253,19 +333,22 @@ class Engines:
     # --- cells --------------------------------------------------------------------------------------------
     def run(self, code: str, *, framework: str | None = "horovod", timeout: float | None = None,
             output: str = "all", push: dict[str, Any] | None = None, write: Write | None = None,
-            first_line: int = 1) -> dict[int, Any]:
+            first_line: int = 1, elastic: int | None = None) -> dict[int, Any]:
         """Run ``code`` on every rank and return each rank's value of the cell's last expression (cells.py).
 
         Guarantees: an exception on any rank shows every failing rank with its full traceback; a rank that
         dies is reported by rank and host and the rest of the world is stopped (the kernel lives on, `%hpc
         restart` brings the world back); a timeout names the ranks that were stuck; Ctrl-C interrupts every
         rank. ``first_line``: the number of the cell's first line as the user sees it, for tracebacks.
+        ``elastic``: when ranks die, go on with the survivors if at least this many are left (the world
+        re-formed, the last checkpoint restored, the cell run again).
         """
         with self._running_cell:  # one cell at a time, whichever thread asks (the walltime guard's, say)
             write = write or (lambda text: (sys.stdout.write(text), sys.stdout.flush()))
             if not self.running:
                 self.start(framework=framework)
-            cell = Cell(self.running_set(), write, timeout, lost=lambda: self.stop(release=False))
+            self.take_joined()
+            cell = Cell(self.running_set(), write, timeout, lost=lambda: self.stop(release=False), elastic=elastic)
             return cell.run(code, framework, output, push, first_line)
 
     def checkpoint(self, directory: str | None = None, *, pending_only: bool = False, timeout: float | None = None,
@@ -278,6 +361,11 @@ class Engines:
     def restore(self, directory: str | None = None, write: Write | None = None) -> Outcomes:
         """Every ``hpc.Checkpoint`` made on the ranks loads its latest save; each rank's report."""
         return self.run(f"{CONTINUITY}.restore_all({directory!r})", framework=None, write=write)
+
+
+def _print(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 _current: Engines | None = None

@@ -30,6 +30,7 @@ from ..container_launch import ContainerLaunch
 from ..contract import RANK_LOG
 from ..errors import HPCAIError
 from ..jobscript import SRUN_RANKS
+from ..ranks.frameworks import LAUNCH_VARS
 
 BOOT_MODULE = "jupyter_hpcai.ranks.boot"
 
@@ -106,13 +107,16 @@ class Srun(Launcher):
 
     @classmethod
     def args(cls, layout: Layout, addresses: Mapping[str, str]) -> list[str]:
-        # --label: which rank wrote each line (report.py); --overlap: the kernel's own step keeps its CPUs
+        # --label: which rank wrote each line (report.py); --overlap: the kernel's own step keeps its CPUs.
+        # A rank's death (or its node's) leaves the others running (--kill-on-bad-exit=0, --no-kill): the kernel
+        # stops the world, or goes on with the survivors (an --elastic cell); RunningSet.launch fails a start
+        # on the first task srun says exited.
         return [f"--nodes={layout.nodes}", f"--ntasks-per-node={layout.per_node}", "--distribution=block",
-                "--kill-on-bad-exit=1", "--overlap", "--label"]
+                "--kill-on-bad-exit=0", "--no-kill", "--overlap", "--label"]
 
     @classmethod
     def rank_output(cls, folder: Path) -> list[str]:
-        # When --kill-on-bad-exit ends the step, srun can drop the last lines it was forwarding from the rank
+        # When a step ends on a rank's failure, srun can drop the last lines it was forwarding from the rank
         # that failed (here, 1 start in 20 lost them all); slurmstepd writing a file on the node keeps them.
         return [f"--output={folder}/{RANK_LOG.format(rank='%t')}"]
 
@@ -155,7 +159,7 @@ class Local(_OpenMPI):
 LAUNCHERS: dict[str, type[Launcher]] = {cls.name: cls for cls in (Srun, Mpirun, Local)}
 # set per engine set by RunningSet.launch (ranks/boot.py and ranks/telemetry.py read them)
 RANK_SET_VARS = ("HPCAI_WARM", "HPCAI_CONNECTION_FILE", "HPCAI_CONTROLLER_TIMEOUT", "HPCAI_RANK_FOLDER",
-                 "HPCAI_TELEMETRY_INTERVAL")
+                 "HPCAI_TELEMETRY_INTERVAL", *LAUNCH_VARS)
 
 
 def usable(allocation: Allocation | None) -> list[str]:

@@ -92,6 +92,15 @@ class Request:
                           gpus_per_node=self.gpus_per_node, cpus_per_node=0, tasks=self.nodes * self.gpus_per_node,
                           gpus_here=[], end_time=None)
 
+def log_folder() -> Path:
+    """Where the kernel's own jobs (this one's, grown ones) write their output: private, in the user's home."""
+    try:
+        return paths.private_dir(LOG_DIR.expanduser())
+    except OSError as err:
+        raise HPCAIError(f"cannot make the job log folder {LOG_DIR} in your home: {err}",
+                         "check the home's space and permissions (~/.hpcai)") from None
+
+
 def waiting(info: dict[str, str]) -> str:
     """Why a job waits and when Slurm expects to start it, from its record: "(Resources), expected start T"."""
     reason = info["Reason"] if info["Reason"] not in ("", "None") else "not scheduled yet"

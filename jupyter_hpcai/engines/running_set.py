@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -29,8 +30,9 @@ from ..contract import RANK_LOG, RankTable
 from ..errors import HPCAIError
 from ..proc import wait_until
 from ..ranks import calls, telemetry
+from ..ranks import world as rank_world
 from ..ranks import stacks as rank_stacks
-from ..ranks.frameworks import DISTRIBUTIONS
+from ..ranks.frameworks import DISTRIBUTIONS, FRAMEWORKS, LAUNCH_VARS
 from . import listing
 from .controller import command as tied_controller
 from .launch import LAUNCHERS, Layout, RankSetLauncher
@@ -41,6 +43,7 @@ Progress = Callable[[int, int], None]  # (engines registered, engines wanted)
 # engine counts as dead, as before.
 CONTROLLER_ARGS = ["--HeartMonitor.period=250", "--HeartMonitor.max_heartmonitor_misses=20"]
 _start_ids = itertools.count()
+TASK_ENDED = re.compile(r"^srun: error: \S+: tasks? [\d,-]+: ", re.M)  # "...: task 3: Exited with exit code 1"
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class Rank:
     engine_id: int
     addr: str = ""  # the node's address, which the other nodes reach
     alive: bool = True
+    job: str = ""  # the Slurm job it runs in: the set's, or a grown one's (membership.py)
 
 
 @dataclass
@@ -123,6 +127,9 @@ class RunningSet:
     versions: dict[int, dict[str, Any]] = field(default_factory=dict)
     framework: str | None = None
     timeline: Timeline | None = None
+    grown: dict[str, int] = field(default_factory=dict)  # Slurm jobs grown (membership.py): ranks each brings
+    changes: int = 0  # re-formings of the world since it started
+    services: dict[str, Any] = field(default_factory=dict)  # kept for the world by its framework (a rendezvous)
 
     @classmethod
     def prepare(cls, allocation: Allocation | None, job: str, layout: Layout, warm: str | None, timeout: float,
@@ -159,18 +166,15 @@ class RunningSet:
         cluster.start_engines_sync(environment={
             network.NODE_ADDRS: network.encode_addresses(node_addresses(allocation)), "HPCAI_WARM": self.warm or "",
             "HPCAI_CONNECTION_FILE": str(self.connection_file), "HPCAI_CONTROLLER_TIMEOUT": str(timeout),
-            telemetry.FOLDER_VAR: str(self.folder), telemetry.INTERVAL_VAR: str(self.telemetry_interval)})
+            telemetry.FOLDER_VAR: str(self.folder), telemetry.INTERVAL_VAR: str(self.telemetry_interval),
+            **self._frameworks_env()})
         timeline.mark("launcher started")
         listing.record_processes(cluster)
         try:
             self.client = cluster.connect_client_sync()
         except (RuntimeError, TimeoutError) as err:
             said = launcher_said(_output(cluster.controller)) if cluster.controller else ""
-            where = os.environ.get("SLURMD_NODENAME") or "this host"
-            raise HPCAIError(f"the ipyparallel controller could not start on {where} (listening on {self.listens}): "
-                             f"{err}" + (f"\nit said:\n{said}" if said else ""),
-                             "check HPCAI_CONTROLLER_IP (an address of this node, or unset), then %hpc start again"
-                             ) from None
+            raise self._cannot_listen(err, said) from None
         timeline.mark("controller up")
         registered = self._wait_for_engines(self.layout.n, timeout, progress)
         timeline.mark("all registered", max(registered.values()))
@@ -178,6 +182,27 @@ class RunningSet:
         self.write_rank_table()
         timeline.ranks_reached(rank_timelines)
         timeline.mark("rank table + preflight data")
+
+    def _frameworks_env(self) -> dict[str, str]:
+        """What the ranks need to initialise the env's frameworks in this world (a rendezvous the kernel holds,
+        on the controller's address)."""
+        n, per_node = self.layout.n, self.layout.per_node
+        counts = [min(per_node, n - node * per_node) for node in range(self.layout.nodes) if n > node * per_node]
+        env = dict.fromkeys(LAUNCH_VARS, "")
+        for framework in FRAMEWORKS.values():
+            if framework.launch_env and framework.installed():
+                try:
+                    env.update(framework.launch_env(self, counts))
+                except OSError as err:
+                    raise self._cannot_listen(err) from None
+        return env
+
+    def _cannot_listen(self, err: BaseException, said: str = "") -> HPCAIError:
+        """The error for a controller (or a rendezvous beside it) that could not listen where it was told."""
+        where = os.environ.get("SLURMD_NODENAME") or "this host"
+        return HPCAIError(f"the ipyparallel controller could not start on {where} (listening on {self.listens}): "
+                          f"{err}" + (f"\nit said:\n{said}" if said else ""),
+                          "check HPCAI_CONTROLLER_IP (an address of this node, or unset), then %hpc start again")
 
     @property
     def connected(self) -> ipp.Client:
@@ -237,7 +262,7 @@ class RunningSet:
                 break
             if progress:
                 progress(len(seen), n)
-            if any(_exited(launcher) for launcher in self.cluster.engines.values()):
+            if self._a_rank_exited():
                 said = self.launcher_report(wait=0)
                 raise HPCAIError(f"the engine launcher exited before {n} engines registered ({self.dialled()}):"
                                  f"\n{said}", "check the allocation (squeue), that the env runs on every node, and "
@@ -253,6 +278,11 @@ class RunningSet:
             progress(n, n)
         return seen
 
+    def _a_rank_exited(self) -> bool:
+        """The launcher ended, or (srun leaves the other ranks running) said that a rank's task ended."""
+        launchers = list(self.cluster.engines.values())
+        return any(_exited(ln) for ln in launchers) or any(TASK_ENDED.search(_output(ln)) for ln in launchers)
+
     def dialled(self) -> str:
         """Where the controller listens and the address the ranks dial (from the connection file they read)."""
         try:
@@ -267,17 +297,65 @@ class RunningSet:
         timeline and the frameworks the ranks initialised (returned)."""
         ids = list(self.connected.ids)
         infos = self.connected[ids].apply_sync(calls.rank_info, list(DISTRIBUTIONS))
-        ranks = sorted(((Rank(i["rank"], i["host"], i["gpu"], i["pid"], eid, i["addr"]), i)
+        ranks = sorted(((Rank(i["rank"], i["host"], i["gpu"], i["pid"], eid, i["addr"], job=i["job"]), i)
                         for eid, i in zip(ids, infos)), key=lambda pair: (pair[0].rank, pair[0].engine_id))
         if [r.rank for r, _ in ranks] != list(range(len(ranks))):  # no MPI rank (local launcher without MPI)
             ranks = [(replace(r, rank=k), i) for k, (r, i) in enumerate(ranks)]
         self.ranks, self.versions = [r for r, _ in ranks], {r.rank: i["versions"] for r, i in ranks}
         return [i["timeline"] for _, i in ranks], {i["framework"] for _, i in ranks}
 
+    # --- who is in the world (membership.py decides; these change the set) ---------------------------------------
+    def joined(self) -> list[int]:
+        """Engines registered that are not ranks of the world yet (a grown job's)."""
+        self.connected.spin()
+        known = {r.engine_id for r in self.ranks}
+        return sorted(set(self.connected.ids) - known)
+
+    def adopt(self, engine_ids: list[int]) -> list[Rank]:
+        """Take engines that joined into the world (after its ranks, in their own order) and re-form it."""
+        if not engine_ids:
+            return []
+        infos = self.connected[engine_ids].apply_sync(calls.rank_info, list(DISTRIBUTIONS))
+        new = sorted(((Rank(i["rank"], i["host"], i["gpu"], i["pid"], eid, i["addr"], job=i["job"]), i)
+                      for eid, i in zip(engine_ids, infos)), key=lambda pair: (pair[0].rank, pair[0].engine_id))
+        versions = {**{r.engine_id: self.versions[r.rank] for r in self.ranks},
+                    **{r.engine_id: i["versions"] for r, i in new}}
+        self.reform([*self.ranks, *(r for r, _ in new)], versions)
+        return self.ranks[-len(new):]
+
+    def remove(self, ranks: list[Rank]) -> None:
+        """Stop ``ranks``' engines and re-form the world on the others."""
+        gone = {r.engine_id for r in ranks}
+        self.connected.shutdown(targets=sorted(gone), block=True)
+        self.reform([r for r in self.ranks if r.engine_id not in gone])
+
+    def drop(self, ranks: list[Rank]) -> None:
+        """Ranks that died leave the world; it re-forms on the survivors."""
+        gone = {r.engine_id for r in ranks}
+        self.reform([r for r in self.ranks if r.engine_id not in gone])
+
+    def reform(self, ranks: list[Rank], versions: dict[int, dict[str, Any]] | None = None) -> None:
+        """``ranks`` (in this order) become the world: numbered 0..n-1, each told its place (ranks/world.py), the
+        framework left to the next cell to initialise again."""
+        by_engine = versions or {r.engine_id: self.versions[r.rank] for r in ranks}
+        hosts = [r.host for r in ranks]
+        renumbered = [replace(r, rank=k) for k, r in enumerate(ranks)]
+        calls_out = [self.connected[r.engine_id].apply_async(
+            rank_world.assign, r.rank, len(ranks), hosts[:r.rank].count(r.host), hosts.count(r.host))
+            for r in renumbered]
+        for call in calls_out:
+            call.get(timeout=30)
+        self.ranks, self.framework, self.changes = renumbered, None, self.changes + 1
+        self.versions = {r.rank: by_engine[r.engine_id] for r in renumbered}
+        self.write_rank_table()
+
     def stop(self) -> None:
         """Stop the engines and the controller, and remove the set's folder."""
         if self.client is not None:
             self.client.close()
+        for service in self.services.values():
+            service.shutdown()
+            service.server_close()
         try:
             self.cluster.stop_cluster_sync()
         except Exception:  # engines that died already (or never started); the controller still goes

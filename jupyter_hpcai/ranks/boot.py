@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from .. import network
-from . import calls, telemetry
+from . import calls, telemetry, world
 from .identity import pin
 from .frameworks import FRAMEWORKS
 
@@ -47,6 +47,7 @@ def wait_for_connection_file(path: Path, timeout: float) -> None:
 def main() -> None:
     calls.timeline["process"] = started_at()
     calls.mark("python")
+    world.shift(os.environ)
     pin(os.environ, len(os.sched_getaffinity(0)))
     network.join_node_network(os.environ)
     telemetry.start_sampling(os.environ)

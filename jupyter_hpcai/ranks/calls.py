@@ -73,7 +73,7 @@ def rank_info(distributions: list[str] | None = None) -> dict[str, Any]:
     return {"rank": first_int(os.environ, RANK_VARS, -1), "local_rank": first_int(os.environ, LOCAL_RANK_VARS, 0),
             "host": host_name(os.environ),
             "addr": os.environ.get("HPCAI_NODE_ADDR", LOOPBACK), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-            "pid": os.getpid(), "versions": versions(distributions or []), "timeline": dict(timeline),
+            "pid": os.getpid(), "job": os.environ.get("SLURM_JOB_ID", "local"), "versions": versions(distributions or []), "timeline": dict(timeline),
             "framework": _initialised.name if _initialised else None}
 
 
@@ -118,6 +118,14 @@ def init_framework(framework: Framework, params: dict[str, Any]) -> dict[str, An
     ns["_hpcai_framework"], ns["_hpcai_framework_info"] = framework.name, info
     _initialised = framework
     return {"initialised": True, **info}
+
+
+def forget_framework() -> None:
+    """The world changed (world.py): the next cell initialises the framework again, on the new world."""
+    global _initialised
+    _initialised = None
+    _booting.clear()
+    _user_ns().pop("_hpcai_framework", None)
 
 
 def run_cell(code: str, first_line: int = 1, push: dict[str, Any] | None = None,

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Protocol
 from .. import allocation
 from . import calls, telemetry
 from .identity import RANK_VARS, first_int
+from .world import world_changed, world_size  # noqa: F401  (hpc.world_changed(), hpc.world_size())
 
 CHECK_EVERY = 10  # steps between the ranks' agreement on the walltime signal (one tiny collective)
 CHECKPOINT_DIR_VAR = "HPCAI_CHECKPOINT_DIR"
@@ -298,7 +299,7 @@ class Checkpoint:
         partial.mkdir(mode=0o700)
         self.format.save(self.model, self.optimizer, partial)  # type: ignore[union-attr]
         meta = {"step": step, "epoch": _epoch, "saved_at": time.time(), "name": self.name,
-                "job": os.environ.get("SLURM_JOB_ID", ""), "ranks": _world_size()}
+                "job": os.environ.get("SLURM_JOB_ID", ""), "ranks": world_size()}
         (partial / "meta.json").write_text(json.dumps(meta))
         shutil.rmtree(folder, ignore_errors=True)
         partial.rename(folder)
@@ -321,10 +322,6 @@ class Checkpoint:
         _next_check = _steps + CHECK_EVERY
         self.last_restored = folder
         return int(_steps)
-
-
-def _world_size() -> int:
-    return first_int(os.environ, ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"), 1)
 
 
 def _write_whole(path: Path, text: str) -> None:

@@ -10,6 +10,7 @@ rendezvous address); a framework without it is initialised by each rank as it bo
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import import_module
@@ -17,17 +18,30 @@ from importlib.util import find_spec
 from typing import Any, Protocol
 
 from . import continuity
+from ..errors import HPCAIError
 from .identity import LOCAL_RANK_VARS, RANK_VARS, first_int
 from .calls import Handles, free_port, rank_info
 
 
 class World(Protocol):
-    """What ``params`` sees of the engines: their ranks, and a call on one rank."""
+    """What ``params`` sees of the engines (in the kernel): their ranks, a call on one rank, the controller's
+    address, and the services the kernel keeps for the world while it runs (each stopped with ``shutdown()``)."""
 
     @property
     def ranks(self) -> Sequence[Any]: ...
 
+    @property
+    def listens(self) -> str: ...
+
+    @property
+    def services(self) -> dict[str, Any]: ...
+
     def call(self, rank: int, function: Callable[..., Any], *args: Any) -> Any: ...
+
+
+def changeable() -> str | None:
+    """A framework whose worlds can always change (a Framework goes to the ranks by pickle: no lambdas in it)."""
+    return None
 
 
 @dataclass(frozen=True)
@@ -39,6 +53,11 @@ class Framework:
     max_over_ranks: Callable[[int], int]  # a collective every rank calls: the largest of their values
     broadcast_object: Callable[[Any], Any]  # a collective every rank calls: rank 0's (picklable) value
     params: Callable[[World], dict[str, Any]] | None = None
+    # params on a re-formed world (grown, shrunk, ranks lost; world.py), where the launch's are stale
+    reformed: Callable[[World], dict[str, Any]] | None = None
+    fixed: Callable[[], str | None] = changeable  # why this kernel's worlds of it cannot change, or None
+    # in the kernel, before a launch: variables the ranks need to initialise it (with the ranks on each node)
+    launch_env: Callable[[World, Sequence[int]], dict[str, str]] | None = None
 
     def boot(self) -> Handles | None:
         """On a rank while it starts: import the framework, and initialise it when that needs no params."""
@@ -51,9 +70,104 @@ class Framework:
         return all(find_spec(module.partition(".")[0]) is not None for module in self.imports)
 
 
+# Horovod over Gloo (the default): the kernel holds the rendezvous (horovod_rendezvous) for the world's life and
+# tells the ranks where it is and how many ranks each node has; each rank takes its slot from that, as horovodrun's
+# Gloo mode tells its workers. Such a world can change: after a re-forming (world.py) every rank shuts Horovod down
+# and initialises it again with the new world's slots. Over MPI (HPCAI_HOROVOD_CONTROLLER=mpi) Horovod takes the
+# launch's MPI world, which it cannot leave: such a world cannot grow, shrink or go on without lost ranks.
+CONTROLLER_VAR = "HPCAI_HOROVOD_CONTROLLER"  # gloo (default) or mpi: read by the kernel
+RENDEZVOUS_VAR = "HPCAI_HOROVOD_RENDEZVOUS"  # kernel -> rank: "addr:port" of the kernel's rendezvous; empty: MPI
+PER_NODE_VAR = "HPCAI_HOROVOD_RANKS_PER_NODE"  # kernel -> rank: "2,2": ranks on each node, in rank order
+LAUNCH_VARS = (RENDEZVOUS_VAR, PER_NODE_VAR)  # set for every launch, empty where unused (mpirun -x passes them)
+
+
+def horovod_controller() -> str:
+    """Horovod's controller for the worlds this kernel starts: gloo, or mpi."""
+    value = os.environ.get(CONTROLLER_VAR, "gloo") or "gloo"
+    if value not in ("gloo", "mpi"):
+        raise HPCAIError(f"{CONTROLLER_VAR}={value!r} is not a Horovod controller", "use gloo (the default) or mpi")
+    return value
+
+
+def _horovod_launch_env(world: World, per_node: Sequence[int]) -> dict[str, str]:
+    """In the kernel, before the ranks start: where they find the world's rendezvous (Gloo), or nothing (MPI)."""
+    if horovod_controller() == "mpi":
+        return {RENDEZVOUS_VAR: "", PER_NODE_VAR: ""}
+    addr, port = horovod_rendezvous(world, launch_hosts(per_node))
+    return {RENDEZVOUS_VAR: f"{addr}:{port}", PER_NODE_VAR: ",".join(map(str, per_node))}
+
+
+def horovod_slots(hosts: Sequence[str]) -> list[dict[str, Any]]:
+    """Each rank's Horovod slot (rank order) for ranks on ``hosts``: local and cross ranks as horovodrun counts them
+    (cross: among the nodes' ranks with the same local rank)."""
+    local, seen = [], {}  # type: ignore[var-annotated]
+    for host in hosts:
+        local.append(seen.get(host, 0))
+        seen[host] = local[-1] + 1
+    peers: dict[int, list[str]] = {}
+    for host, lr in zip(hosts, local):
+        if host not in peers.setdefault(lr, []):
+            peers[lr].append(host)
+    return [{"hostname": host, "rank": rank, "size": len(hosts), "local_rank": local[rank], "local_size": seen[host],
+             "cross_rank": peers[local[rank]].index(host), "cross_size": len(peers[local[rank]])}
+            for rank, host in enumerate(hosts)]
+
+
+def launch_hosts(per_node: Sequence[int]) -> list[str]:
+    """Stand-in host names for a launch's ranks, in rank order (block placement): what grouping needs."""
+    return [f"node{i}" for i, count in enumerate(per_node) for _ in range(count)]
+
+
+def horovod_rendezvous(world: World, hosts: Sequence[str]) -> tuple[str, int]:
+    """In the kernel: Horovod's rendezvous for ranks on ``hosts`` (kept in the world's services for its life, bound
+    to the controller's address only), set for them; its address."""
+    from horovod.runner.common.util.hosts import SlotInfo
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+    server = world.services.get("horovod")
+    if server is None:
+        server = world.services["horovod"] = RendezvousHTTPServer((world.listens, 0), RendezvousHandler, 0)
+        threading.Thread(target=server.serve_forever, name="hpcai-horovod-rendezvous", daemon=True).start()
+    server.init([SlotInfo(**slot) for slot in horovod_slots(hosts)])
+    return world.listens, int(server.server_address[1])
+
+
+def _horovod_fixed() -> str | None:
+    """Why this kernel's Horovod worlds cannot change, or None."""
+    if horovod_controller() == "mpi":
+        return (f"Horovod runs over MPI here ({CONTROLLER_VAR}=mpi): its world cannot grow, shrink or lose ranks "
+                f"(unset {CONTROLLER_VAR}, then %hpc restart)")
+    return None
+
+
+def _horovod_reformed(world: World) -> dict[str, Any]:
+    """In the kernel, for a re-formed world: the rendezvous set for it, and every rank's slot."""
+    if why := _horovod_fixed():
+        raise HPCAIError(why, "run the cell on the world as it started: %hpc restart")
+    hosts = [r.host for r in world.ranks]
+    return {"rendezvous": list(horovod_rendezvous(world, hosts)), "slots": horovod_slots(hosts)}
+
+
+def _join_gloo(rendezvous: Sequence[Any], slot: dict[str, Any]) -> None:
+    """Horovod's own variables for a Gloo world: where the rendezvous is, and this rank's slot."""
+    os.environ.update({"HOROVOD_GLOO_RENDEZVOUS_ADDR": str(rendezvous[0]),
+                       "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous[1]), "HOROVOD_CONTROLLER": "gloo",
+                       "HOROVOD_CPU_OPERATIONS": "gloo",
+                       **{f"HOROVOD_{key.upper()}": str(value) for key, value in slot.items()}})
+
+
 def _init_horovod(params: dict[str, Any]) -> Handles:
     import tensorflow as tf
 
+    rank = first_int(os.environ, RANK_VARS, 0)
+    if params.get("slots"):  # a re-formed world: out of the last one, into this one
+        import horovod.tensorflow as hvd
+
+        if hvd.is_initialized():
+            hvd.shutdown()
+        _join_gloo(params["rendezvous"], params["slots"][rank])
+        hvd.init()
+        return _horovod_handles(tf, len(tf.config.list_physical_devices("GPU")))
     intra = int(os.environ.get("TF_NUM_INTRAOP_THREADS", "0"))
     if intra:
         tf.config.threading.set_intra_op_parallelism_threads(intra)
@@ -61,12 +175,21 @@ def _init_horovod(params: dict[str, Any]) -> Handles:
     gpus = tf.config.list_physical_devices("GPU")
     for gpu in gpus:  # the engine already sees only its own GPU (CUDA_VISIBLE_DEVICES)
         tf.config.experimental.set_memory_growth(gpu, True)
-    import horovod.tensorflow as hvd
+    if rendezvous := os.environ.get(RENDEZVOUS_VAR):  # the launch's world, over Gloo
+        per_node = [int(c) for c in os.environ[PER_NODE_VAR].split(",")]
+        _join_gloo(rendezvous.rsplit(":", 1), horovod_slots(launch_hosts(per_node))[rank])
+    import horovod.tensorflow as hvd  # after TensorFlow's threads are set
 
     hvd.init()
+    return _horovod_handles(tf, len(gpus))
+
+
+def _horovod_handles(tf: Any, gpus: int) -> Handles:
+    import horovod.tensorflow as hvd
+
     names = {"hvd": hvd, "tf": tf, "rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
              "hpc": continuity}
-    return names, {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "gpus": len(gpus),
+    return names, {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "gpus": gpus,
                    "controller": "mpi" if hvd.mpi_enabled() else "gloo"}
 
 
@@ -140,7 +263,8 @@ def _torch_broadcast(value: Any) -> Any:
 
 FRAMEWORKS: dict[str, Framework] = {
     "horovod": Framework("horovod", ("tensorflow", "tensorflow-cpu", "horovod", "mpi4py"),
-                         ("tensorflow", "horovod.tensorflow"), _init_horovod, _horovod_max, _horovod_broadcast),
+                         ("tensorflow", "horovod.tensorflow"), _init_horovod, _horovod_max, _horovod_broadcast,
+                         reformed=_horovod_reformed, fixed=_horovod_fixed, launch_env=_horovod_launch_env),
     "torch": Framework("torch", ("torch",), ("torch", "torch.distributed"), _init_torch, _torch_max, _torch_broadcast,
                        _torch_params),
 }

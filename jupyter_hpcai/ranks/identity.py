@@ -8,9 +8,15 @@ from collections.abc import Mapping, MutableMapping
 
 from .gpus import entries
 
-RANK_VARS = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "HPCAI_RANK")
-LOCAL_RANK_VARS = ("SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "HPCAI_LOCAL_RANK")
-LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "HPCAI_LOCAL_SIZE")
+# A re-formed world's place (world.py) comes first: the kernel set it after the launcher's numbers went stale.
+# Open MPI's before Slurm's: under mpirun in a job, every rank inherits its node's orted's SLURM_PROCID and
+# SLURM_LOCALID (the node's index, and 0), which are no rank's.
+WORLD = {"rank": "HPCAI_WORLD_RANK", "size": "HPCAI_WORLD_SIZE", "local_rank": "HPCAI_WORLD_LOCAL_RANK",
+         "local_size": "HPCAI_WORLD_LOCAL_SIZE"}
+RANK_VARS = (WORLD["rank"], "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK", "HPCAI_RANK")
+LOCAL_RANK_VARS = (WORLD["local_rank"], "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID",
+                   "HPCAI_LOCAL_RANK")
+LOCAL_SIZE_VARS = (WORLD["local_size"], "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "HPCAI_LOCAL_SIZE")
 
 
 def host_name(env: Mapping[str, str]) -> str:

@@ -151,10 +151,13 @@ class Sampler(threading.Thread):
         s.cpu_history = [*s.cpu_history, s.cpu][-HISTORY:]
         if rate is not None:
             s.rate_history = [*s.rate_history, rate][-HISTORY:]
-        partial = self.path.with_suffix(".tmp")
+        path = self.path
+        partial = path.with_suffix(".tmp")
         try:
             partial.write_text(json.dumps(vars(s)))  # vars: asdict would deep-copy the histories
-            os.replace(partial, self.path)
+            os.replace(partial, path)
+            if path != self.path:  # renumbered meanwhile: the new name's sample comes next
+                path.unlink()
         except OSError:  # the set's folder went away (the engines are stopping)
             self._done.set()
 
@@ -195,6 +198,14 @@ def set_interval(seconds: float) -> bool:
     if not seconds:
         _sampler.path.unlink(missing_ok=True)
     return True
+
+
+def renumber(rank: int) -> None:
+    """On a rank whose world was re-formed (world.py): its samples go under its new rank from now on."""
+    if _sampler is not None and _sampler.sample.rank != rank:
+        old, _sampler.sample.rank = _sampler.path, rank
+        _sampler.path = old.with_name(TELEMETRY.format(rank=rank))
+        old.unlink(missing_ok=True)
 
 
 def sample_cost(times: int = 20) -> float:

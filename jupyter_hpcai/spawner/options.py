@@ -34,6 +34,9 @@ class Profile(BaseModel):
     # Seconds before the walltime at which Slurm signals the job (the walltime guard); None: the spawner's
     # walltime_warning; 0: no signal.
     walltime_warning: int | None = Field(default=None, ge=0, le=86400)
+    # The job lives on when one of its nodes fails (sbatch --no-kill): a cell run with --elastic goes on with the
+    # ranks left (%%torchrun --elastic MIN); without it Slurm ends the whole job with the node.
+    no_kill: bool = False
     # Extra sbatch options set by the admin (users cannot change them), e.g. ["--qos=interactive"].
     extra_sbatch: list[Annotated[str, Field(pattern=r"^--[a-z][a-z-]*(=[A-Za-z0-9_.,:=/+-]+)?$")]] = []
 

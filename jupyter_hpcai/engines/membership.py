@@ -1,0 +1,163 @@
+"""Who is in a running set's world (in the kernel): grow it by a second Slurm job whose ranks join the same
+controller, shrink it (its ranks stopped, their nodes given back to Slurm), and drop ranks that died. After any
+change the set re-forms its world (``RunningSet.reform``: ranks numbered again densely, each told its place) and
+the next cell initialises the framework again on the new world (cells.py).
+
+A grown job asks for the notebook job's partition, account and GPUs per node, on other nodes, and ends when the
+notebook job does (its walltime is what is left of the notebook job's). Its batch shell runs one srun step of ranks
+(``python -m jupyter_hpcai.ranks.boot``, as every launcher does) that dial the set's controller; it ends when its
+ranks are stopped (``%hpc shrink``, ``%hpc stop``) or cancelled.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from dataclasses import dataclass
+
+from .. import network, slurm
+from ..allocation import Allocation
+from ..contract import RANK_LOG
+from ..envs.container import without_secrets
+from ..errors import HPCAIError
+from ..jobscript import SRUN_RANKS, JobScript, Submitted, export_node_addresses, ranks_per_node
+from ..proc import run
+from ..ranks.frameworks import FRAMEWORKS
+from ..ranks.identity import WORLD
+from ..ranks.world import OFFSET
+from .launch import LAUNCHERS
+from .running_set import Rank, RunningSet
+
+JOB_NAME = "hpcai-grow"
+MIN_SECONDS = 120  # a grown job shorter than this would end before its ranks did any work
+# what the kernel's environment must not pass to a grown job: Slurm's view of the notebook job (the new job has
+# its own; SLURM_CONF, the site's, stays), the re-formed world's places, and every secret (container.py's patterns)
+NOT_PASSED = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", *WORLD.values(), OFFSET)
+PASSED = ("SLURM_CONF",)
+
+
+@dataclass(frozen=True)
+class Growth:
+    """More nodes for a running set, as a second Slurm job (``%hpc grow --nodes K``)."""
+
+    nodes: int
+    gpus_per_node: int
+    seconds: int  # its walltime: what is left of the notebook job's
+    partition: str
+    account: str | None
+    exclude: tuple[str, ...]  # the nodes the world has already
+
+    def job_script(self, world: RunningSet, offset: int, log: str) -> JobScript:
+        """The grown job: its ranks (numbered from ``offset``) boot and register with ``world``'s controller."""
+        assert world.connection_file is not None
+        exports = {OFFSET: str(offset), "HPCAI_WARM": "", "HPCAI_CONNECTION_FILE": str(world.connection_file),
+                   "HPCAI_CONTROLLER_TIMEOUT": "120", "HPCAI_RANK_FOLDER": str(world.folder),
+                   "HPCAI_TELEMETRY_INTERVAL": str(world.telemetry_interval)}
+        engine = ["--profile-dir", str(world.cluster.profile_dir), "--cluster-id", world.cluster.cluster_id]
+        ranks = [*SRUN_RANKS, f"--nodes={self.nodes}", f"--ntasks-per-node={ranks_per_node(self.gpus_per_node)}",
+                 "--distribution=block", "--kill-on-bad-exit=0", "--no-kill",
+                 f"--output={world.folder}/{RANK_LOG.format(rank='%j-%t')}",
+                 *LAUNCHERS["srun"].program(), *engine]
+        body = "\n".join([*(f"export {k}={shlex.quote(v)}" for k, v in exports.items()),
+                          *export_node_addresses(network.NODE_ADDRS), shlex.join(ranks), ""])
+        return JobScript(name=JOB_NAME, nodes=self.nodes, tasks_per_node=ranks_per_node(self.gpus_per_node),
+                         gpus_per_node=self.gpus_per_node, time=slurm.format_duration(self.seconds),
+                         partition=self.partition or None, account=self.account, output=log,
+                         extra=("--no-kill", f"--exclude={','.join(self.exclude)}") if self.exclude else ("--no-kill",),
+                         body=body)
+
+    def estimate(self, script: JobScript) -> str:
+        """When Slurm would start it: "starts now", "expected HH:MM", or why it would not."""
+        done = run(["sbatch", "--test-only", *script.options(), "--wrap", "true"], timeout=30, check=False)
+        said = (done.stdout + done.stderr).strip()
+        when = slurm.expected_start(said)
+        if when is None:
+            return f"Slurm would not say when: {said.splitlines()[-1] if said else 'no answer'}"
+        return "starts now" if when <= time.time() + 60 else f"expected {time.strftime('%H:%M', time.localtime(when))}"
+
+
+def growth(allocation: Allocation | None, world: RunningSet, nodes: int) -> Growth:
+    """The growth ``%hpc grow --nodes`` asks for, from the notebook job (or the error that says why not)."""
+    if allocation is None or world.layout.launcher != "srun":
+        raise HPCAIError("only engines started with srun inside a Slurm job can grow",
+                         "start the notebook through the hub's Slurm spawner (or %hpc start --time ... outside one)")
+    if nodes < 1:
+        raise HPCAIError(f"--nodes must be at least 1, not {nodes}")
+    changeable(world)
+    left = allocation.seconds_left()
+    seconds = int(left) if left is not None else 24 * 3600
+    if seconds < MIN_SECONDS:
+        raise HPCAIError(f"the notebook job ends in {seconds} s: a grown job would end with it",
+                         "extend the notebook job first (%hpc extend), or continue in a follow-up job")
+    return Growth(nodes, allocation.gpus_per_node, seconds - 30, allocation.partition,
+                  os.environ.get("SLURM_JOB_ACCOUNT") or None, tuple(sorted({r.host for r in world.ranks})))
+
+
+def changeable(world: RunningSet) -> None:
+    """Refuse to change a world whose framework cannot follow (Horovod over MPI)."""
+    for name in filter(None, {world.framework, world.warm}):
+        if why := FRAMEWORKS[name].fixed():
+            raise HPCAIError(why, "keep this world's size, or start it again as the message says")
+
+
+def submit(script: JobScript) -> Submitted:
+    """sbatch the grown job with the kernel's environment (the env's activation), less what must not pass."""
+    environ = {k: v for k, v in without_secrets(dict(os.environ)).items() if k in PASSED or not k.startswith(NOT_PASSED)}
+    return script.submit(env=environ, on_command_line=True)
+
+
+def cancel(job: str) -> None:
+    """End a grown job (its ranks with it); only one of this user's with our name."""
+    import getpass
+
+    run(["scancel", f"--user={getpass.getuser()}", f"--name={JOB_NAME}", job], check=False, timeout=30)
+
+
+def removable(world: RunningSet, *, nodes: int | None, ranks: list[int] | None, node: str | None,
+              keep: str | None) -> list[Rank]:
+    """The ranks ``%hpc shrink`` stops: ``ranks`` by number, every rank on ``node``, or the last ``nodes`` nodes
+    (grown jobs' first); never all of them, never the ranks on ``keep`` (the kernel's node) by ``nodes``."""
+    if sum(x is not None for x in (nodes, ranks, node)) != 1:
+        raise HPCAIError("say what to shrink: one of --nodes K, --ranks R,R or --node NAME")
+    changeable(world)
+    if ranks is not None:
+        unknown = sorted(set(ranks) - {r.rank for r in world.ranks})
+        if unknown:
+            raise HPCAIError(f"no rank {', '.join(map(str, unknown))} in this world of {len(world.ranks)}",
+                             "%hpc status lists the ranks")
+        chosen = [r for r in world.ranks if r.rank in ranks]
+    elif node is not None:
+        chosen = [r for r in world.ranks if r.host == node]
+        if not chosen:
+            raise HPCAIError(f"no rank runs on {node}", "%hpc status lists the ranks and their nodes")
+    else:
+        assert nodes is not None
+        hosts = list(dict.fromkeys(r.host for r in world.ranks))
+        candidates = [h for h in reversed(hosts) if h != keep]
+        if nodes < 1 or nodes > len(candidates):
+            raise HPCAIError(f"cannot give back {nodes} node(s): {len(candidates)} of the world's {len(hosts)} can go "
+                             "(the notebook's own node stays)", f"use --nodes 1..{len(candidates)}")
+        gone = set(candidates[:nodes])
+        chosen = [r for r in world.ranks if r.host in gone]
+    if len(chosen) == len(world.ranks):
+        raise HPCAIError("that would stop every rank", "%hpc stop stops them all")
+    return chosen
+
+
+def release_nodes(allocation: Allocation, hosts: set[str]) -> Allocation:
+    """Give ``hosts`` of the notebook job back to Slurm (``scontrol update NodeList``); the allocation as it is
+    after, also in this kernel's SLURM_* variables, so that the next start plans on the nodes still held."""
+    left = [n for n in allocation.nodes if n not in hosts]
+    done = run(["scontrol", "update", f"JobId={allocation.job_id}", f"NodeList={','.join(left)}"], check=False,
+               timeout=30)
+    if done.returncode != 0:
+        raise HPCAIError(f"Slurm did not give back {', '.join(sorted(hosts))}: {done.stderr.strip()}",
+                         "the ranks there were stopped; the nodes stay in the job until it ends")
+    hostlist = ",".join(left)
+    for var in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        os.environ[var] = hostlist
+    for var in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        os.environ[var] = str(len(left))
+    os.environ["SLURM_NTASKS"] = str(len(left) * max(1, allocation.tasks // max(1, len(allocation.nodes))))
+    return Allocation.current() or allocation

@@ -1,0 +1,100 @@
+"""The pure parts of a changing world: Horovod slots as horovodrun counts them, a grown rank's place before the
+kernel re-forms the world, what %hpc shrink picks, and the grown job's script. The runs on the dev cluster are
+test_elastic.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from jupyter_hpcai.engines import membership
+from jupyter_hpcai.engines.launch import Layout
+from jupyter_hpcai.engines.running_set import Rank
+from jupyter_hpcai.errors import HPCAIError
+from jupyter_hpcai.ranks import world
+from jupyter_hpcai.ranks.frameworks import horovod_slots, launch_hosts
+from jupyter_hpcai.ranks.identity import RANK_VARS, first_int
+
+
+def test_horovod_slots_count_local_and_cross_ranks_as_horovodrun_does() -> None:
+    """What horovodrun's get_host_assignments gives for hosts a:2,b:1 (horovod/runner/common/util/hosts.py,
+    Horovod 0.28.1, run by hand: this venv has no Horovod)."""
+    slots = horovod_slots(["a", "a", "b"])
+    assert [(s["rank"], s["local_rank"], s["local_size"], s["cross_rank"], s["cross_size"]) for s in slots] == [
+        (0, 0, 2, 0, 2), (1, 1, 2, 0, 1), (2, 0, 1, 1, 2)]
+    assert {s["size"] for s in slots} == {3}
+    assert launch_hosts([2, 1]) == ["node0", "node0", "node1"]
+
+
+def test_a_grown_rank_starts_past_the_world_and_takes_the_place_the_kernel_gives() -> None:
+    env = {"SLURM_PROCID": "1", world.OFFSET: "4"}
+    world.shift(env)
+    assert first_int(env, RANK_VARS, -1) == 5  # never rank 1 of the world it joins
+    env = {"SLURM_PROCID": "1"}
+    world.shift(env)
+    assert first_int(env, RANK_VARS, -1) == 1  # a rank of the first launch keeps its own
+
+
+def _world(hosts: list[str], jobs: list[str]) -> SimpleNamespace:
+    ranks = [Rank(i, h, "", 100 + i, i, job=j) for i, (h, j) in enumerate(zip(hosts, jobs))]
+    return SimpleNamespace(ranks=ranks, layout=Layout(len(ranks), 2, 2, "srun"), grown={}, framework=None, warm=None)
+
+
+def test_shrink_picks_the_last_nodes_and_never_the_notebooks_node() -> None:
+    w = _world(["n1", "n1", "n2", "n2", "n3", "n3"], ["7", "7", "7", "7", "9", "9"])
+    picked = membership.removable(w, nodes=1, ranks=None, node=None, keep="n1")  # type: ignore[arg-type]
+    assert [r.rank for r in picked] == [4, 5]  # n3: the grown job's node, last in
+    picked = membership.removable(w, nodes=2, ranks=None, node=None, keep="n1")  # type: ignore[arg-type]
+    assert {r.host for r in picked} == {"n2", "n3"}
+    with pytest.raises(HPCAIError, match="the notebook's own node stays"):
+        membership.removable(w, nodes=3, ranks=None, node=None, keep="n1")  # type: ignore[arg-type]
+    assert [r.rank for r in membership.removable(w, nodes=None, ranks=[2, 3], node=None, keep="n1")] == [2, 3]  # type: ignore[arg-type]
+    with pytest.raises(HPCAIError, match="no rank 9"):
+        membership.removable(w, nodes=None, ranks=[9], node=None, keep="n1")  # type: ignore[arg-type]
+    with pytest.raises(HPCAIError, match="no rank runs on n7"):
+        membership.removable(w, nodes=None, ranks=None, node="n7", keep="n1")  # type: ignore[arg-type]
+    with pytest.raises(HPCAIError, match="every rank"):
+        membership.removable(w, nodes=None, ranks=list(range(6)), node=None, keep="n1")  # type: ignore[arg-type]
+
+
+def test_the_grown_job_asks_for_other_nodes_ends_with_the_notebook_job_and_joins_its_controller(tmp_path: Path) -> None:
+    growth = membership.Growth(nodes=2, gpus_per_node=4, seconds=3600, partition="gpu", account="proj",
+                               exclude=("n1", "n2"))
+    w = SimpleNamespace(connection_file=tmp_path / "ipcontroller-x-engine.json", folder=tmp_path / "set",
+                        telemetry_interval=2.0, cluster=SimpleNamespace(profile_dir=str(tmp_path), cluster_id="x"))
+    script = growth.job_script(w, offset=8, log=str(tmp_path / "grow-%j.log")).render()  # type: ignore[arg-type]
+    for line in ("#SBATCH --nodes=2", "#SBATCH --gpus-per-node=4", "#SBATCH --ntasks-per-node=4",
+                 "#SBATCH --time=01:00:00", "#SBATCH --partition=gpu", "#SBATCH --account=proj",
+                 "#SBATCH --no-kill", "#SBATCH --exclude=n1,n2", "export HPCAI_RANK_OFFSET=8",
+                 f"export HPCAI_CONNECTION_FILE={tmp_path}/ipcontroller-x-engine.json", "--kill-on-bad-exit=0",
+                 "-m jupyter_hpcai.ranks.boot --profile-dir", "--cluster-id x"):
+        assert line in script, (line, script)
+
+
+def test_the_grown_job_gets_no_secret_and_not_the_notebook_jobs_slurm_view(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, dict[str, str]] = {}
+
+    class Script:
+        def submit(self, env: dict[str, str], on_command_line: bool) -> str:
+            seen["env"] = env
+            return "1"
+
+    for var, value in {"JUPYTERHUB_API_TOKEN": "secret", "SLURM_JOB_ID": "7", "SLURM_NTASKS_PER_NODE": "2",
+                       "SLURM_CONF": "/etc/slurm/slurm.conf", "HPCAI_WORLD_RANK": "3", "PATH": "/env/bin"}.items():
+        monkeypatch.setenv(var, value)
+    membership.submit(Script())  # type: ignore[arg-type]
+    env = seen["env"]
+    assert "JUPYTERHUB_API_TOKEN" not in env and "SLURM_JOB_ID" not in env and "SLURM_NTASKS_PER_NODE" not in env
+    assert "HPCAI_WORLD_RANK" not in env and env["SLURM_CONF"] == "/etc/slurm/slurm.conf" and env["PATH"] == "/env/bin"
+
+
+def test_every_framework_travels_to_the_ranks_by_pickle() -> None:
+    """cells.py sends a Framework with the init call: a lambda in it fails every first cell of that framework."""
+    import pickle
+
+    from jupyter_hpcai.ranks.frameworks import FRAMEWORKS
+
+    for framework in FRAMEWORKS.values():
+        assert pickle.loads(pickle.dumps(framework)) == framework
