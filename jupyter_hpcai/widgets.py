@@ -54,6 +54,10 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
         self.restart_button = w.Button(description="Restart", icon="refresh")
         self.attach_button = w.Button(description="Attach", icon="link",
                                       tooltip="use engines running in this job already (an earlier kernel's)")
+        self.grow_button = w.Button(description="+1 node", icon="plus",
+                                    tooltip="ask Slurm for one more node (a second job); its ranks join this world")
+        self.shrink_button = w.Button(description="-1 node", icon="minus",
+                                      tooltip="stop the last node's ranks and give the node back to Slurm")
         self.progress = w.IntProgress(value=0, min=0, max=1, description="Engines", style=style)
         self.state = w.HTML()
         self.ranks = w.HTML()
@@ -64,13 +68,16 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
         self.stop_button.on_click(lambda _: self._act(self.engines.stop))
         self.restart_button.on_click(lambda _: self._act(lambda: self.engines.restart(progress=self._progress)))
         self.attach_button.on_click(lambda _: self._act(self.engines.attach))
+        self.grow_button.on_click(lambda _: self._act(lambda: self.engines.grow(1, write=self._note)))
+        self.shrink_button.on_click(lambda _: self._act(lambda: self._note(self.engines.shrink(nodes=1))))
         self.header = w.HTML()
         super().__init__([
             self.header,
             self.where,
             w.HBox([self.nodes, self.gpus_per_node, self.launcher]),
             self.ask_row,
-            w.HBox([self.start_button, self.stop_button, self.restart_button, self.attach_button]),
+            w.HBox([self.start_button, self.stop_button, self.restart_button, self.attach_button, self.grow_button,
+                    self.shrink_button]),
             self.progress, self.state, self.ranks, self.walltime, self.message,
         ])
         self.refresh()
@@ -123,9 +130,14 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
     def _progress(self, registered: int, wanted: int) -> None:
         self.progress.max, self.progress.value = wanted, registered
 
+    def _note(self, text: str) -> None:
+        """A line of what an action did (the grow's estimate, the shrink's outcome) under the table."""
+        self.message.value += f'<div class="hpcai-note">{escape(text.strip())}</div>'
+
     def _act(self, action: object) -> None:
         self.message.value = ""
-        for button in (self.start_button, self.stop_button, self.restart_button, self.attach_button):
+        for button in (self.start_button, self.stop_button, self.restart_button, self.attach_button,
+                       self.grow_button, self.shrink_button):
             button.disabled = True
         try:
             action()  # type: ignore[operator]
@@ -146,6 +158,9 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
         self.start_button.disabled = self.attach_button.disabled = busy or state == "running"
         self.stop_button.disabled = (busy and state != "pending") or state == "stopped"  # Stop releases a waiting job
         self.restart_button.disabled = busy or self.engines.layout is None
+        changeable = state == "running" and alloc is not None and self.engines.layout is not None \
+            and self.engines.layout.launcher == "srun"
+        self.grow_button.disabled = self.shrink_button.disabled = not changeable
         label = {"pending": "waiting for Slurm", "starting": "starting&hellip;", "restarting": "restarting&hellip;",
                  "stopping": "stopping&hellip;"}
         self.state.value = (f'<span class="hpcai-state" data-state="{state}">Engines: <b>{label.get(state, state)}</b>'
@@ -173,11 +188,12 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
             self.ranks.value = "<i>no engines running</i>"
             return
         samples = {row[0]: row for row in telemetry.rows(self.engines.samples())}
-        head = "".join(f"<th>{c}</th>" for c in ("rank", "host", "GPU", "state", *telemetry.COLUMNS[2:]))
+        head = "".join(f"<th>{c}</th>" for c in ("rank", "host", "GPU", "job", "state", *telemetry.COLUMNS[2:]))
         body = []
         for r in ranks:
             row = samples.get(str(r.rank), ("",) * len(telemetry.COLUMNS))
-            cells = [str(r.rank), r.host, r.gpu or "-", "running" if self._alive[r.rank] else "dead", *row[2:]]
+            cells = [str(r.rank), r.host, r.gpu or "-", r.job or "-", "running" if self._alive[r.rank] else "dead",
+                     *row[2:]]
             flagged = ' class="hpcai-straggler" style="color:#b00020"' if row[-1] or not self._alive[r.rank] else ""
             body.append(f"<tr{flagged}>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
         self.ranks.value = f'<table class="hpcai-ranks"><tr>{head}</tr>{"".join(body)}</table>'

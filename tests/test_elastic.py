@@ -98,6 +98,16 @@ def test_grow_by_a_second_job_then_shrink_back(devcluster, torch_env, tmp_path: 
         assert [(o[0], o[1], o[2]) for o in smaller] == [(2, 30, True)] * 2
         assert _job_state(str(kernel.job_id)) == "RUNNING"
 
+        # the same from the widget panel: +1 node returns at once with the estimate, -1 node gives it back
+        assert kernel.run("from jupyter_hpcai.widgets import ClusterPanel\npanel = ClusterPanel()\n"
+                          "panel.grow_button.click()\npanel.message.value").status == "ok"
+        said = kernel.run("panel.message.value").result or ""
+        assert "asking Slurm for 1 more node(s)" in said and "submitted" in said, said
+        wait_until(lambda: kernel.run("%hpc status").stdout.count(" yes") == 4, timeout=120, what="the ranks to join")
+        assert kernel.run("panel.ranks.value.count('<td>running</td>')").result == "4"
+        assert kernel.run("panel.shrink_button.click()\npanel.message.value").status == "ok"
+        assert "2 ranks now" in (kernel.run("panel.message.value").result or "")
+
 
 def test_a_grown_job_that_waits_returns_at_once_and_shrink_cancels_it(devcluster, torch_env,  # type: ignore[no-untyped-def]
                                                                       tmp_path: Path) -> None:
@@ -355,3 +365,19 @@ def test_horovod_over_mpi_is_the_launchs_world_and_refuses_to_change(devcluster,
         assert "unset HPCAI_HOROVOD_CONTROLLER" in cell.error
         grow = kernel.run("%hpc grow --nodes 1")
         assert grow.status == "error" and "Horovod runs over MPI here" in grow.error, grow.error
+
+
+def test_shrink_gives_the_notebook_jobs_other_node_back(devcluster, torch_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """In a 2-node job (the kernel on n1): n2's ranks stop and Slurm takes n2 out of the job; the world goes on on n1
+    and a restart plans on the node the job still has."""
+    with kernel_in_job(torch_env, tmp_path, ("-N2", "-w", "n[1-2]", "--ntasks-per-node=2", "--gpus-per-node=2")) as k:
+        assert k.run("%load_ext jupyter_hpcai").status == "ok" and k.run("%hpc start").status == "ok"
+        shrink = k.run("%hpc shrink --node n2")
+        assert shrink.status == "ok", shrink.error
+        assert f"n2 given back to Slurm (job {k.job_id})" in shrink.stdout and "2 ranks now" in shrink.stdout
+        assert slurm.expand_hostlist((slurm.job_info(k.job_id) or {})["NodeList"]) == ["n1"]
+        assert k.run("%%torchrun\n(world_size, dist.get_world_size())").result == "(2, 2)"
+        restarted = k.run("%hpc restart")
+        assert restarted.status == "ok", restarted.error
+        hosts = [line.split()[1] for line in k.run("%hpc status").stdout.splitlines()[1:]]
+        assert hosts == ["n1", "n1"], hosts

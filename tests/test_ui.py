@@ -141,7 +141,7 @@ def test_widget_start_button_starts_two_engines(job_lab: JobLab, tf_env) -> None
         start.click()
         page.wait_for_selector("table.hpcai-ranks tr:nth-child(3)", timeout=180_000)  # header + 2 ranks
         table = page.inner_text("table.hpcai-ranks")
-        assert re.search(r"0\s+n1\s+\d\s+running", table) and re.search(r"1\s+n1\s+\d\s+running", table)
+        assert re.search(r"0\s+n1\s+\d\s+\d+\s+running", table) and re.search(r"1\s+n1\s+\d\s+\d+\s+running", table)
         page.screenshot(path=str(ARTIFACTS / "widget-panel.png"))
         page.click('li[data-id="hpcai-panel"]')
         # a row per rank, with its telemetry (the first samples come within 2 s; the panel refreshes every 2 s)

@@ -18,6 +18,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Literal
 
 import ipyparallel as ipp
@@ -293,9 +294,11 @@ class Engines:
             del world.grown[job]
             said.append(f"Slurm job {job} cancelled")
         mine = hosts & set(self.allocation.nodes if self.allocation else ()) - {os.environ.get("SLURMD_NODENAME")}
-        if mine and self.allocation is not None:
+        if mine and self.allocation is not None and self.layout is not None:
             self.allocation = membership.release_nodes(self.allocation, mine)
             said.append(f"{', '.join(sorted(mine))} given back to Slurm (job {self.allocation.job_id})")
+            nodes = min(self.layout.nodes, len(self.allocation.nodes))  # what %hpc restart starts from now on
+            self.layout = replace(self.layout, nodes=nodes, n=min(self.layout.n, nodes * self.layout.per_node))
         return said
 
     # --- what the ranks are doing -------------------------------------------------------------------------
