@@ -376,6 +376,8 @@ def test_shrink_gives_the_notebook_jobs_other_node_back(devcluster, torch_env, t
         assert shrink.status == "ok", shrink.error
         assert f"n2 given back to Slurm (job {k.job_id})" in shrink.stdout and "2 ranks now" in shrink.stdout
         assert slurm.expand_hostlist((slurm.job_info(k.job_id) or {})["NodeList"]) == ["n1"]
+        cwd = Path(k.run("import os; os.getcwd()").result.strip("'"))  # type: ignore[union-attr]
+        assert not list(cwd.glob("slurm_job_*_resize.*"))  # Slurm's resize scripts: not in the notebook's folder
         assert k.run("%%torchrun\n(world_size, dist.get_world_size())").result == "(2, 2)"
         restarted = k.run("%hpc restart")
         assert restarted.status == "ok", restarted.error

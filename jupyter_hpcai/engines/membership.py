@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -149,8 +150,9 @@ def release_nodes(allocation: Allocation, hosts: set[str]) -> Allocation:
     """Give ``hosts`` of the notebook job back to Slurm (``scontrol update NodeList``); the allocation as it is
     after, also in this kernel's SLURM_* variables, so that the next start plans on the nodes still held."""
     left = [n for n in allocation.nodes if n not in hosts]
-    done = run(["scontrol", "update", f"JobId={allocation.job_id}", f"NodeList={','.join(left)}"], check=False,
-               timeout=30)
+    with tempfile.TemporaryDirectory(prefix="hpcai-resize-") as scratch:  # where Slurm writes its resize scripts,
+        done = run(["scontrol", "update", f"JobId={allocation.job_id}", f"NodeList={','.join(left)}"],  # not the
+                   check=False, timeout=30, cwd=scratch)  # notebook's folder
     if done.returncode != 0:
         raise HPCAIError(f"Slurm did not give back {', '.join(sorted(hosts))}: {done.stderr.strip()}",
                          "the ranks there were stopped; the nodes stay in the job until it ends")
