@@ -167,3 +167,4 @@ class RankTable(TypedDict):
     layout: dict[str, Any]  # engines/launch.py Layout, as a dict
     warm: str | None  # the framework the ranks initialised as they booted
     telemetry_interval: float  # seconds between samples (0: off)
+    grown: dict[str, list[int]]  # grown Slurm jobs (%hpc grow) by id: [nodes, ranks], joined or still waiting

@@ -383,3 +383,52 @@ def test_shrink_gives_the_notebook_jobs_other_node_back(devcluster, torch_env, t
         assert restarted.status == "ok", restarted.error
         hosts = [line.split()[1] for line in k.run("%hpc status").stdout.splitlines()[1:]]
         assert hosts == ["n1", "n1"], hosts
+
+
+RENDEZVOUS = """
+import sys, time
+from types import SimpleNamespace
+from jupyter_hpcai.ranks.frameworks import horovod_rendezvous
+world = SimpleNamespace(listens=sys.argv[1], services={})
+print(horovod_rendezvous(world, ["n1"], [sys.argv[2]])[1], flush=True)
+time.sleep(120)
+"""
+PUT = """
+import http.client, sys
+conn = http.client.HTTPConnection(sys.argv[1], int(sys.argv[2]), timeout=10)
+try:
+    conn.putrequest("PUT", "/global/0")
+    conn.putheader("Content-Length", sys.argv[3])
+    conn.endheaders()
+    conn.send(b"x" * min(int(sys.argv[3]), 64))
+    print(conn.getresponse().status)
+except (OSError, http.client.HTTPException) as err:
+    print("refused", type(err).__name__)
+"""
+
+
+def test_the_horovod_rendezvous_answers_only_the_worlds_nodes(devcluster, tf_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Horovod's key-value store carries no key: the kernel's rendezvous answers the world's nodes only (another
+    user on the nodes' network could otherwise rewrite where a rank listens), and refuses a PUT too big to be an
+    address (which would fill the kernel's memory). n1 is the world's node here; n2 plays another user's."""
+    from helpers.record import attack
+
+    login, n1, n2 = devcluster.login_address, devcluster.node_address("n1"), devcluster.node_address("n2")
+    server = subprocess.Popen([str(tf_env.current().python), "-c", RENDEZVOUS, login, n1], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        port = server.stdout.readline().strip()  # type: ignore[union-attr]
+
+        def put(node: str, length: int) -> str:
+            done = subprocess.run(["ip", "netns", "exec", f"{devcluster.netns_prefix}{node}", sys.executable, "-c",
+                                   PUT, login, port, str(length)], capture_output=True, text=True, timeout=30)
+            return done.stdout.strip() or done.stderr
+
+        assert put("n1", 20) == "200"  # the control: a rank's node puts its address
+        seen = put("n2", 20)
+        attack("PUT into another user's Horovod rendezvous from a node outside their world", seen.startswith("refused"),
+               seen)
+        seen = put("n1", 1 << 30)
+        attack("a 1 GiB PUT into the kernel's Horovod rendezvous", seen == "413", seen)
+    finally:
+        server.kill()

@@ -98,3 +98,52 @@ def test_every_framework_travels_to_the_ranks_by_pickle() -> None:
 
     for framework in FRAMEWORKS.values():
         assert pickle.loads(pickle.dumps(framework)) == framework
+
+
+class _World:
+    """A stand-in RunningSet: its ranks, grown jobs, and the engines registered beyond them."""
+
+    def __init__(self, ranks: list[Rank], grown: dict[str, tuple[int, int]], extra: dict[int, str]) -> None:
+        from jupyter_hpcai.engines.running_set import Grown
+
+        self.ranks, self.client, self.framework, self.warm = ranks, object(), None, None
+        self.grown = {job: Grown(*g) for job, g in grown.items()}
+        self.extra, self.adopted, self.removed_ranks = extra, {}, []  # type: ignore[var-annotated]
+
+    def ranks_of(self, job: str) -> list[Rank]:
+        return [r for r in self.ranks if r.job == job]
+
+    def joined(self) -> list[int]:
+        return sorted(self.extra)
+
+    def identify(self, ids: list[int]) -> dict[int, dict[str, str]]:
+        return {eid: {"job": self.extra[eid]} for eid in ids}
+
+    def adopt(self, infos: dict[int, dict[str, str]]) -> None:
+        self.adopted = infos
+
+    def remove(self, ranks: list[Rank]) -> None:
+        self.removed_ranks = ranks
+        self.ranks = [r for r in self.ranks if r not in ranks]
+
+    def write_rank_table(self) -> None:
+        pass
+
+
+def test_only_a_whole_grown_job_of_this_kernels_joins() -> None:
+    ranks = [Rank(i, "n1", "", 1, i, job="7") for i in range(2)]
+    w = _World(ranks, {"9": (1, 2)}, {5: "9", 6: "8"})  # 6: another job's engine
+    assert not membership.take_joined(w)  # type: ignore[arg-type]  (one of job 9's two)
+    w.extra[7] = "9"
+    assert membership.take_joined(w) and sorted(w.adopted) == [5, 7]  # type: ignore[arg-type]
+
+
+def test_shrinking_ranks_leaves_a_waiting_grown_job_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    cancelled: list[str] = []
+    monkeypatch.setattr(membership, "cancel", cancelled.append)
+    ranks = [Rank(i, "n1" if i < 2 else "n2", "", 1, i, job="7") for i in range(4)]
+    w = _World(ranks, {"9": (1, 2)}, {})
+    said, _ = membership.shrink(w, None, nodes=None, ranks=[3], node=None)  # type: ignore[arg-type]
+    assert cancelled == [] and "9" in w.grown and "3 ranks now" in said
+    said, _ = membership.shrink(w, None, nodes=1, ranks=None, node=None)  # type: ignore[arg-type]
+    assert cancelled == ["9"] and said == "cancelled Slurm job 9 (still waiting); 3 ranks now"

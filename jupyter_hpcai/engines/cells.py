@@ -84,7 +84,14 @@ class Cell:
             try:
                 return self._run_once(code, framework, output, push, first_line)
             except RanksDied as died:
-                self._go_on_without(died.whole)
+                try:
+                    self._go_on_without(died.whole)
+                except Exception as err:  # too few survivors, or more ranks died while they re-formed
+                    self.lost()
+                    if isinstance(err, HPCAIError):
+                        raise
+                    raise RankFailure(f"ranks died, and the survivors could not go on: {err}; the world was stopped",
+                                      "bring the world back with %hpc restart") from None
 
     def _go_on_without(self, whole: Any) -> None:
         """Once the survivors are done with the cell, they re-form the world and load the last checkpoint; one line
@@ -95,7 +102,6 @@ class Cell:
         gone = {r.engine_id for r in dead}
         survivors = [r.engine_id for r in world.ranks if r.engine_id not in gone]
         if not free or len(world.ranks) - len(dead) < (self.elastic or 0):
-            self.lost()
             who = ", ".join(f"rank {r.rank} on {r.host}" for r in dead)
             why = "the survivors stayed stuck in the cell" if not free else f"fewer than {self.elastic} ranks are left"
             raise RankFailure(f"ranks died: {who}; {why}, so the world was stopped; the notebook kernel is fine",

@@ -14,7 +14,6 @@ more, and the job's end stops them all (listing.record_processes). Outside a job
 from __future__ import annotations
 
 import atexit
-import os
 import sys
 import threading
 from collections.abc import Callable
@@ -54,7 +53,7 @@ class Engines:
         self.state: State = "stopped"
         self._listeners: list[Callable[[Engines], None]] = []
         self._starting = threading.Lock()  # one start at a time (the panel's waits in a thread)
-        self._running_cell = threading.Lock()
+        self._running_cell = threading.RLock()  # shrink and grow wait for the cell; joins never
         if allocation is None:  # outside a job nothing would stop them: they go with the kernel (ipyparallel's atexit)
             atexit.register(lambda: self.set.remove_folder() if self.set else None)
 
@@ -232,74 +231,42 @@ class Engines:
         env, ending with it) whose ranks join this world; the next cell runs on the larger world. Says when Slurm
         expects to start it first; ``wait``: return once its ranks are in. The job's id."""
         write = write or _print
-        world = self.running_set()
-        growth = membership.growth(self.allocation, world, nodes)
-        log = str(own_job.log_folder() / "grow-%j.log")
-        script = growth.job_script(world, len(world.ranks) + sum(world.grown.values()), log)
-        write(f"asking Slurm for {nodes} more node(s) x {growth.gpus_per_node} GPU(s) for "
-              f"{slurm.format_duration(growth.seconds)}: {growth.estimate(script)}\n")
-        job = str(membership.submit(script).job_id)
-        world.grown[job] = nodes * growth.gpus_per_node
-        write(f"Slurm job {job} submitted; its ranks join when it runs" + (" (waiting)" if wait else
-              " (%hpc status shows them; the next cell runs on every rank in by then)") + "\n")
+        with self._running_cell:
+            world = self.running_set()
+            job = membership.grow(world, self.allocation, nodes, write)
         if wait:
-            wait_until(lambda: self.take_joined() or all(any(r.job == j for r in world.ranks) for j in world.grown),
-                       timeout=timeout, what=f"the ranks of Slurm job {job} to join",
+            wait_until(lambda: self.take_joined() or any(r.job == job for r in world.ranks), timeout=timeout,
+                       what=f"the ranks of Slurm job {job} to join",
                        hint=f"it may wait in the queue (squeue -j {job}); %hpc shrink --nodes {nodes} cancels it")
-            write(f"{len(world.ranks)} ranks now, {world.grown[job]} of them in job {job}\n")
+            write(f"{len(world.ranks)} ranks now, {world.grown[job].ranks} of them in job {job}\n")
         self._set_state("running")
         return job
 
     def take_joined(self) -> bool:
-        """Ranks of grown jobs that registered join the world once every rank of their job did (re-formed)."""
-        world = self.set
-        if world is None or world.client is None or not world.grown:
+        """A grown job's ranks join the world once all of them registered (the world re-forms); never while a
+        cell runs (the next cell, or the next look, takes them)."""
+        if self.set is None or not self._running_cell.acquire(blocking=False):
             return False
-        waiting = sum(n for job, n in world.grown.items() if not any(r.job == job for r in world.ranks))
-        joined = world.joined() if waiting else []
-        if not joined or len(joined) < waiting:
-            return False
-        world.adopt(joined)
-        self._set_state("running")
-        return True
+        try:
+            joined = membership.take_joined(self.set)
+        finally:
+            self._running_cell.release()
+        if joined:
+            self._set_state("running")
+        return joined
 
     def shrink(self, *, nodes: int | None = None, ranks: list[int] | None = None, node: str | None = None) -> str:
         """Stop ranks (``ranks``, those on ``node``, or the last ``nodes`` nodes: grown jobs' first, jobs still
         waiting before those) and give their nodes back to Slurm; the world re-forms on the rest. What was done."""
-        world = self.running_set()
-        self.take_joined()
-        done: list[str] = []
-        waiting = [job for job in world.grown if not any(r.job == job for r in world.ranks)]
-        while nodes and waiting:  # what never started goes first
-            job = waiting.pop()
-            membership.cancel(job)
-            del world.grown[job]
-            nodes -= 1
-            done.append(f"cancelled Slurm job {job} (still waiting)")
-        if nodes != 0 or ranks is not None or node is not None:
-            chosen = membership.removable(world, nodes=nodes, ranks=ranks, node=node,
-                                          keep=os.environ.get("SLURMD_NODENAME"))
-            world.remove(chosen)
-            done.append(f"stopped {len(chosen)} rank(s) on {', '.join(sorted({r.host for r in chosen}))}")
-            done += self._give_back({r.host for r in chosen} - {r.host for r in world.ranks})
+        with self._running_cell:  # after the cell that runs (the walltime guard's, say)
+            world = self.running_set()
+            membership.take_joined(world)
+            done, self.allocation = membership.shrink(world, self.allocation, nodes=nodes, ranks=ranks, node=node)
+        if self.allocation is not None and self.layout is not None:  # what %hpc restart starts from now on
+            left = min(self.layout.nodes, len(self.allocation.nodes))
+            self.layout = replace(self.layout, nodes=left, n=min(self.layout.n, left * self.layout.per_node))
         self._set_state("running")
-        return "; ".join(done) + f"; {len(world.ranks)} ranks now"
-
-    def _give_back(self, hosts: set[str]) -> list[str]:
-        """Nodes no rank uses any more go back to Slurm: a grown job without ranks ends; the notebook job's other
-        nodes are released from it."""
-        world, said = self.running_set(), []
-        for job in [j for j in world.grown if not any(r.job == j for r in world.ranks)]:
-            membership.cancel(job)
-            del world.grown[job]
-            said.append(f"Slurm job {job} cancelled")
-        mine = hosts & set(self.allocation.nodes if self.allocation else ()) - {os.environ.get("SLURMD_NODENAME")}
-        if mine and self.allocation is not None and self.layout is not None:
-            self.allocation = membership.release_nodes(self.allocation, mine)
-            said.append(f"{', '.join(sorted(mine))} given back to Slurm (job {self.allocation.job_id})")
-            nodes = min(self.layout.nodes, len(self.allocation.nodes))  # what %hpc restart starts from now on
-            self.layout = replace(self.layout, nodes=nodes, n=min(self.layout.n, nodes * self.layout.per_node))
-        return said
+        return done
 
     # --- what the ranks are doing -------------------------------------------------------------------------
     def running_set(self) -> RunningSet:

@@ -15,7 +15,9 @@ import os
 import shlex
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .. import network, slurm
 from ..allocation import Allocation
@@ -28,7 +30,8 @@ from ..ranks.frameworks import FRAMEWORKS
 from ..ranks.identity import WORLD
 from ..ranks.world import OFFSET
 from .launch import LAUNCHERS
-from .running_set import Rank, RunningSet
+from .own_job import log_folder
+from .running_set import Grown, Rank, RunningSet
 
 JOB_NAME = "hpcai-grow"
 MIN_SECONDS = 120  # a grown job shorter than this would end before its ranks did any work
@@ -78,7 +81,7 @@ class Growth:
         return "starts now" if when <= time.time() + 60 else f"expected {time.strftime('%H:%M', time.localtime(when))}"
 
 
-def growth(allocation: Allocation | None, world: RunningSet, nodes: int) -> Growth:
+def growth_for(allocation: Allocation | None, world: RunningSet, nodes: int) -> Growth:
     """The growth ``%hpc grow --nodes`` asks for, from the notebook job (or the error that says why not)."""
     if allocation is None or world.layout.launcher != "srun":
         raise HPCAIError("only engines started with srun inside a Slurm job can grow",
@@ -146,16 +149,100 @@ def removable(world: RunningSet, *, nodes: int | None, ranks: list[int] | None, 
     return chosen
 
 
-def release_nodes(allocation: Allocation, hosts: set[str]) -> Allocation:
-    """Give ``hosts`` of the notebook job back to Slurm (``scontrol update NodeList``); the allocation as it is
-    after, also in this kernel's SLURM_* variables, so that the next start plans on the nodes still held."""
-    left = [n for n in allocation.nodes if n not in hosts]
+def grow(world: RunningSet, allocation: Allocation | None, nodes: int, write: Callable[[str], Any]) -> str:
+    """Submit a grown job for ``nodes`` more nodes (its estimate said first); recorded in ``world.grown``."""
+    growth = growth_for(allocation, world, nodes)
+    ranks = nodes * ranks_per_node(growth.gpus_per_node)
+    offset = len(world.ranks) + sum(g.ranks for job, g in world.grown.items() if not world.ranks_of(job))
+    script = growth.job_script(world, offset, str(log_folder() / "grow-%j.log"))
+    write(f"asking Slurm for {nodes} more node(s) x {growth.gpus_per_node} GPU(s) for "
+          f"{slurm.format_duration(growth.seconds)}: {growth.estimate(script)}\n")
+    job = str(submit(script).job_id)
+    world.grown[job] = Grown(nodes, ranks)
+    world.write_rank_table()
+    write(f"Slurm job {job} submitted; its ranks join when it runs (%hpc status shows them; the next cell runs on "
+          "every rank in by then)\n")
+    return job
+
+
+def take_joined(world: RunningSet) -> bool:
+    """The ranks of a grown job join the world once all of them registered: each engine says which job it runs in,
+    so an engine of no waiting job (one just stopped, or another job's) is never taken."""
+    waiting = {job: g for job, g in world.grown.items() if not world.ranks_of(job)}
+    if world.client is None or not waiting:
+        return False
+    joined = world.joined()
+    if len(joined) < min(g.ranks for g in waiting.values()):
+        return False
+    infos = world.identify(joined)
+    taken = {}
+    for job, grown in waiting.items():
+        mine = {eid: info for eid, info in infos.items() if info["job"] == job}
+        if len(mine) == grown.ranks:
+            taken.update(mine)
+    if taken:
+        world.adopt(taken)
+    return bool(taken)
+
+
+def shrink(world: RunningSet, allocation: Allocation | None, *, nodes: int | None, ranks: list[int] | None,
+           node: str | None) -> tuple[str, Allocation | None]:
+    """Stop the ranks ``removable`` picks (a grown job still waiting goes first for ``nodes``) and give the nodes
+    they leave empty back to Slurm; what was done, and the notebook job's allocation after."""
+    keep = os.environ.get("SLURMD_NODENAME")
+    done: list[str] = []
+    for job in [job for job in world.grown if not world.ranks_of(job)][::-1]:  # what never started goes first
+        if not nodes:
+            break
+        cancel(job)
+        nodes = max(0, nodes - world.grown.pop(job).nodes)
+        done.append(f"cancelled Slurm job {job} (still waiting)")
+    if nodes or ranks is not None or node is not None:
+        chosen = removable(world, nodes=nodes or None, ranks=ranks, node=node, keep=keep)
+        world.remove(chosen)
+        done.append(f"stopped {len(chosen)} rank(s) on {', '.join(sorted({r.host for r in chosen}))}")
+        emptied = {r.host for r in chosen} - {r.host for r in world.ranks}
+        for job in sorted({r.job for r in chosen}):
+            said, allocation = _give_back(world, allocation, job, emptied - {keep})
+            done += said
+    world.write_rank_table()
+    return "; ".join(done) + f"; {len(world.ranks)} ranks now", allocation
+
+
+def _give_back(world: RunningSet, allocation: Allocation | None, job: str,
+               emptied: set[str]) -> tuple[list[str], Allocation | None]:
+    """``job``'s nodes that no rank uses any more go back to Slurm: a grown job without ranks ends, another job
+    (the notebook's, a grown one) is narrowed to the nodes it still uses."""
+    if job in world.grown and not world.ranks_of(job):
+        cancel(job)
+        del world.grown[job]
+        return [f"Slurm job {job} cancelled"], allocation
+    if not emptied:
+        return [], allocation
+    notebook_job = allocation is not None and job == allocation.job_id
+    held = allocation.nodes if notebook_job else slurm.expand_hostlist((slurm.job_info(job) or {}).get("NodeList", ""))
+    gone = emptied & set(held)
+    if not gone:
+        return [], allocation
+    left = release_nodes(job, [n for n in held if n not in gone])
+    said = [f"{', '.join(sorted(gone))} given back to Slurm (job {job})"]
+    return said, (narrowed(allocation, left) if notebook_job and allocation else allocation)
+
+
+def release_nodes(job: str, left: list[str]) -> list[str]:
+    """Narrow a running job to the nodes ``left`` (``scontrol update NodeList``, as the job's owner)."""
     with tempfile.TemporaryDirectory(prefix="hpcai-resize-") as scratch:  # where Slurm writes its resize scripts,
-        done = run(["scontrol", "update", f"JobId={allocation.job_id}", f"NodeList={','.join(left)}"],  # not the
-                   check=False, timeout=30, cwd=scratch)  # notebook's folder
+        done = run(["scontrol", "update", f"JobId={job}", f"NodeList={','.join(left)}"],  # not the notebook's
+                   check=False, timeout=30, cwd=scratch)  # folder
     if done.returncode != 0:
-        raise HPCAIError(f"Slurm did not give back {', '.join(sorted(hosts))}: {done.stderr.strip()}",
+        raise HPCAIError(f"Slurm did not narrow job {job} to {','.join(left)}: {done.stderr.strip()}",
                          "the ranks there were stopped; the nodes stay in the job until it ends")
+    return left
+
+
+def narrowed(allocation: Allocation, left: list[str]) -> Allocation:
+    """The notebook job's allocation after a release, also in this kernel's SLURM_* variables, so that the next
+    start plans on the nodes still held (other kernels of the job keep what they read at their start)."""
     hostlist = ",".join(left)
     for var in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
         os.environ[var] = hostlist

@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from traitlets.config import Config
 from .. import network, slurm
 from ..allocation import Allocation
 from ..container_launch import ContainerLaunch
-from ..contract import RANK_LOG, RankTable
+from ..contract import RANK_LOG, TELEMETRY, RankTable
 from ..errors import HPCAIError
 from ..proc import wait_until
 from ..ranks import calls, telemetry
@@ -58,6 +58,14 @@ class Rank:
     addr: str = ""  # the node's address, which the other nodes reach
     alive: bool = True
     job: str = ""  # the Slurm job it runs in: the set's, or a grown one's (membership.py)
+
+
+@dataclass(frozen=True)
+class Grown:
+    """A grown job (``%hpc grow``): the nodes it asked for and the ranks it brings."""
+
+    nodes: int
+    ranks: int
 
 
 @dataclass
@@ -127,7 +135,8 @@ class RunningSet:
     versions: dict[int, dict[str, Any]] = field(default_factory=dict)
     framework: str | None = None
     timeline: Timeline | None = None
-    grown: dict[str, int] = field(default_factory=dict)  # Slurm jobs grown (membership.py): ranks each brings
+    grown: dict[str, Grown] = field(default_factory=dict)  # Slurm jobs grown (membership.py), by id
+    removed: set[int] = field(default_factory=set)  # engine ids stopped or lost: never taken back
     changes: int = 0  # re-formings of the world since it started
     services: dict[str, Any] = field(default_factory=dict)  # kept for the world by its framework (a rendezvous)
 
@@ -163,11 +172,12 @@ class RunningSet:
         cluster.start_controller_sync()
         timeline.mark("controller process started")
         # The ranks start now, beside the controller; each waits for the controller's file (ranks/boot.py).
+        addresses = node_addresses(allocation)
         cluster.start_engines_sync(environment={
-            network.NODE_ADDRS: network.encode_addresses(node_addresses(allocation)), "HPCAI_WARM": self.warm or "",
+            network.NODE_ADDRS: network.encode_addresses(addresses), "HPCAI_WARM": self.warm or "",
             "HPCAI_CONNECTION_FILE": str(self.connection_file), "HPCAI_CONTROLLER_TIMEOUT": str(timeout),
             telemetry.FOLDER_VAR: str(self.folder), telemetry.INTERVAL_VAR: str(self.telemetry_interval),
-            **self._frameworks_env()})
+            **self._frameworks_env(addresses.values())})
         timeline.mark("launcher started")
         listing.record_processes(cluster)
         try:
@@ -183,7 +193,7 @@ class RunningSet:
         timeline.ranks_reached(rank_timelines)
         timeline.mark("rank table + preflight data")
 
-    def _frameworks_env(self) -> dict[str, str]:
+    def _frameworks_env(self, addresses: Iterable[str]) -> dict[str, str]:
         """What the ranks need to initialise the env's frameworks in this world (a rendezvous the kernel holds,
         on the controller's address)."""
         n, per_node = self.layout.n, self.layout.per_node
@@ -192,7 +202,7 @@ class RunningSet:
         for framework in FRAMEWORKS.values():
             if framework.launch_env and framework.installed():
                 try:
-                    env.update(framework.launch_env(self, counts))
+                    env.update(framework.launch_env(self, counts, addresses))
                 except OSError as err:
                     raise self._cannot_listen(err) from None
         return env
@@ -238,6 +248,8 @@ class RunningSet:
                    found.table.get("telemetry_interval", telemetry.DEFAULT_INTERVAL))
         _, frameworks = self._read_ranks()
         self.framework = frameworks.pop() if len(frameworks) == 1 else None  # initialised on every rank
+        self.grown = {job: Grown(*counts) for job, counts in found.table.get("grown", {}).items()}
+        self.changes = 1  # the launch's rendezvous (Horovod's) lived in the kernel that started the set
         self.write_rank_table(owners=listing.live_owners(found.table))
         return self
 
@@ -247,7 +259,8 @@ class RunningSet:
             "launcher": self.layout.launcher, "container": ContainerLaunch.from_env(os.environ) is not None,
             "ranks": [asdict(r) for r in self.ranks],  # type: ignore[misc]
             "owners": sorted({*owners, os.getpid()}), "layout": asdict(self.layout), "warm": self.warm,
-            "telemetry_interval": self.telemetry_interval}
+            "telemetry_interval": self.telemetry_interval,
+            "grown": {job: [g.nodes, g.ranks] for job, g in self.grown.items()}}
         listing.write_rank_table(self.folder, table)
 
     def _wait_for_engines(self, n: int, timeout: float, progress: Progress | None) -> dict[int, float]:
@@ -305,48 +318,64 @@ class RunningSet:
         return [i["timeline"] for _, i in ranks], {i["framework"] for _, i in ranks}
 
     # --- who is in the world (membership.py decides; these change the set) ---------------------------------------
+    def ranks_of(self, job: str) -> list[Rank]:
+        return [r for r in self.ranks if r.job == job]
+
     def joined(self) -> list[int]:
-        """Engines registered that are not ranks of the world yet (a grown job's)."""
+        """Engines registered that are not ranks of the world, and were never stopped by it (a grown job's)."""
         self.connected.spin()
-        known = {r.engine_id for r in self.ranks}
+        known = {r.engine_id for r in self.ranks} | self.removed
         return sorted(set(self.connected.ids) - known)
 
-    def adopt(self, engine_ids: list[int]) -> list[Rank]:
-        """Take engines that joined into the world (after its ranks, in their own order) and re-form it."""
-        if not engine_ids:
-            return []
+    def identify(self, engine_ids: list[int]) -> dict[int, dict[str, Any]]:
+        """What each engine says it is (calls.rank_info), by engine id."""
         infos = self.connected[engine_ids].apply_sync(calls.rank_info, list(DISTRIBUTIONS))
-        new = sorted(((Rank(i["rank"], i["host"], i["gpu"], i["pid"], eid, i["addr"], job=i["job"]), i)
-                      for eid, i in zip(engine_ids, infos)), key=lambda pair: (pair[0].rank, pair[0].engine_id))
+        return dict(zip(engine_ids, infos))
+
+    def adopt(self, infos: dict[int, dict[str, Any]]) -> None:
+        """Engines that joined (``identify``'s answers) become ranks after the world's, in their own order, and
+        the world re-forms."""
+        new = sorted((Rank(i["rank"], i["host"], i["gpu"], i["pid"], eid, i["addr"], job=i["job"])
+                      for eid, i in infos.items()), key=lambda r: (r.rank, r.engine_id))
         versions = {**{r.engine_id: self.versions[r.rank] for r in self.ranks},
-                    **{r.engine_id: i["versions"] for r, i in new}}
-        self.reform([*self.ranks, *(r for r, _ in new)], versions)
-        return self.ranks[-len(new):]
+                    **{eid: i["versions"] for eid, i in infos.items()}}
+        self.reform([*self.ranks, *new], versions)
 
     def remove(self, ranks: list[Rank]) -> None:
         """Stop ``ranks``' engines and re-form the world on the others."""
         gone = {r.engine_id for r in ranks}
+        self.removed |= gone  # they may still look registered for a moment: never taken back (joined)
         self.connected.shutdown(targets=sorted(gone), block=True)
         self.reform([r for r in self.ranks if r.engine_id not in gone])
 
     def drop(self, ranks: list[Rank]) -> None:
         """Ranks that died leave the world; it re-forms on the survivors."""
         gone = {r.engine_id for r in ranks}
+        self.removed |= gone
         self.reform([r for r in self.ranks if r.engine_id not in gone])
 
     def reform(self, ranks: list[Rank], versions: dict[int, dict[str, Any]] | None = None) -> None:
         """``ranks`` (in this order) become the world: numbered 0..n-1, each told its place (ranks/world.py), the
-        framework left to the next cell to initialise again."""
+        framework left to the next cell to initialise again. A rank that does not take its place leaves the
+        world unusable: the error says to restart it."""
         by_engine = versions or {r.engine_id: self.versions[r.rank] for r in ranks}
         hosts = [r.host for r in ranks]
         renumbered = [replace(r, rank=k) for k, r in enumerate(ranks)]
-        calls_out = [self.connected[r.engine_id].apply_async(
+        self.framework, self.changes = None, self.changes + 1  # whatever happens next, the old world is gone
+        told = [self.connected[r.engine_id].apply_async(
             rank_world.assign, r.rank, len(ranks), hosts[:r.rank].count(r.host), hosts.count(r.host))
             for r in renumbered]
-        for call in calls_out:
-            call.get(timeout=30)
-        self.ranks, self.framework, self.changes = renumbered, None, self.changes + 1
-        self.versions = {r.rank: by_engine[r.engine_id] for r in renumbered}
+        try:
+            for call in told:
+                call.get(timeout=30)
+        except Exception as err:
+            raise HPCAIError(f"the world could not re-form on {len(ranks)} ranks: {err}",
+                             "start it again: %hpc restart") from None
+        self.ranks, self.versions = renumbered, {r.rank: by_engine[r.engine_id] for r in renumbered}
+        for stale in self.folder.glob(TELEMETRY.format(rank="*")):  # the samples of ranks no longer in the world
+            number = stale.stem.rpartition("-")[2]
+            if number.isdigit() and int(number) >= len(ranks):
+                stale.unlink(missing_ok=True)
         self.write_rank_table()
 
     def stop(self) -> None:

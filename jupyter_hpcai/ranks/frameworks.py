@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import import_module
 from importlib.util import find_spec
@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from . import continuity
 from ..errors import HPCAIError
+from ..network import LOOPBACK
 from .identity import LOCAL_RANK_VARS, RANK_VARS, first_int
 from .calls import Handles, free_port, rank_info
 
@@ -56,8 +57,9 @@ class Framework:
     # params on a re-formed world (grown, shrunk, ranks lost; world.py), where the launch's are stale
     reformed: Callable[[World], dict[str, Any]] | None = None
     fixed: Callable[[], str | None] = changeable  # why this kernel's worlds of it cannot change, or None
-    # in the kernel, before a launch: variables the ranks need to initialise it (with the ranks on each node)
-    launch_env: Callable[[World, Sequence[int]], dict[str, str]] | None = None
+    # in the kernel, before a launch: variables the ranks need to initialise it (the ranks on each node, the
+    # nodes' addresses)
+    launch_env: Callable[[World, Sequence[int], Iterable[str]], dict[str, str]] | None = None
 
     def boot(self) -> Handles | None:
         """On a rank while it starts: import the framework, and initialise it when that needs no params."""
@@ -89,11 +91,12 @@ def horovod_controller() -> str:
     return value
 
 
-def _horovod_launch_env(world: World, per_node: Sequence[int]) -> dict[str, str]:
-    """In the kernel, before the ranks start: where they find the world's rendezvous (Gloo), or nothing (MPI)."""
+def _horovod_launch_env(world: World, per_node: Sequence[int], addresses: Iterable[str]) -> dict[str, str]:
+    """In the kernel, before the ranks start on nodes at ``addresses``: where they find the world's rendezvous
+    (Gloo), or nothing (MPI)."""
     if horovod_controller() == "mpi":
         return {RENDEZVOUS_VAR: "", PER_NODE_VAR: ""}
-    addr, port = horovod_rendezvous(world, launch_hosts(per_node))
+    addr, port = horovod_rendezvous(world, launch_hosts(per_node), addresses)
     return {RENDEZVOUS_VAR: f"{addr}:{port}", PER_NODE_VAR: ",".join(map(str, per_node))}
 
 
@@ -118,18 +121,46 @@ def launch_hosts(per_node: Sequence[int]) -> list[str]:
     return [f"node{i}" for i, count in enumerate(per_node) for _ in range(count)]
 
 
-def horovod_rendezvous(world: World, hosts: Sequence[str]) -> tuple[str, int]:
+MAX_RENDEZVOUS_VALUE = 1 << 16  # bytes one PUT may carry: a rank's address and port, with room to spare
+
+
+def horovod_rendezvous(world: World, hosts: Sequence[str], addresses: Iterable[str]) -> tuple[str, int]:
     """In the kernel: Horovod's rendezvous for ranks on ``hosts`` (kept in the world's services for its life, bound
-    to the controller's address only), set for them; its address."""
+    to the controller's address only), set for them; its address. It answers only the ranks' nodes
+    (``addresses``): Horovod's key-value store has no key of its own, and another user could otherwise rewrite
+    where a rank listens, or fill the kernel's memory."""
     from horovod.runner.common.util.hosts import SlotInfo
-    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
     server = world.services.get("horovod")
     if server is None:
-        server = world.services["horovod"] = RendezvousHTTPServer((world.listens, 0), RendezvousHandler, 0)
+        server = world.services["horovod"] = _rendezvous_server(world.listens)
         threading.Thread(target=server.serve_forever, name="hpcai-horovod-rendezvous", daemon=True).start()
+    server.allowed = {world.listens, LOOPBACK, *addresses}
     server.init([SlotInfo(**slot) for slot in horovod_slots(hosts)])
     return world.listens, int(server.server_address[1])
+
+
+def _rendezvous_server(listens: str) -> Any:
+    """Horovod's rendezvous server, answering only addresses in its ``allowed``, each PUT at most
+    MAX_RENDEZVOUS_VALUE bytes, never holding up its own shutdown (daemon request threads)."""
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+    class Handler(RendezvousHandler):  # type: ignore[misc]
+        def do_PUT(self) -> None:
+            length = self.headers.get("Content-Length", "")
+            if not length.isdigit() or int(length) > MAX_RENDEZVOUS_VALUE:
+                self.send_status_code(413)
+                return
+            super().do_PUT()
+
+    class Server(RendezvousHTTPServer):  # type: ignore[misc]
+        daemon_threads, block_on_close = True, False
+        allowed: set[str] = set()
+
+        def verify_request(self, request: Any, client_address: Any) -> bool:
+            return str(client_address[0]) in self.allowed
+
+    return Server((listens, 0), Handler, 0)
 
 
 def _horovod_fixed() -> str | None:
@@ -145,7 +176,8 @@ def _horovod_reformed(world: World) -> dict[str, Any]:
     if why := _horovod_fixed():
         raise HPCAIError(why, "run the cell on the world as it started: %hpc restart")
     hosts = [r.host for r in world.ranks]
-    return {"rendezvous": list(horovod_rendezvous(world, hosts)), "slots": horovod_slots(hosts)}
+    return {"rendezvous": list(horovod_rendezvous(world, hosts, {r.addr for r in world.ranks})),
+            "slots": horovod_slots(hosts)}
 
 
 def _join_gloo(rendezvous: Sequence[Any], slot: dict[str, Any]) -> None:
@@ -160,6 +192,7 @@ def _init_horovod(params: dict[str, Any]) -> Handles:
     import tensorflow as tf
 
     rank = first_int(os.environ, RANK_VARS, 0)
+    gpus = _tensorflow_setup(tf)
     if params.get("slots"):  # a re-formed world: out of the last one, into this one
         import horovod.tensorflow as hvd
 
@@ -167,14 +200,7 @@ def _init_horovod(params: dict[str, Any]) -> Handles:
             hvd.shutdown()
         _join_gloo(params["rendezvous"], params["slots"][rank])
         hvd.init()
-        return _horovod_handles(tf, len(tf.config.list_physical_devices("GPU")))
-    intra = int(os.environ.get("TF_NUM_INTRAOP_THREADS", "0"))
-    if intra:
-        tf.config.threading.set_intra_op_parallelism_threads(intra)
-        tf.config.threading.set_inter_op_parallelism_threads(int(os.environ.get("TF_NUM_INTEROP_THREADS", "1")))
-    gpus = tf.config.list_physical_devices("GPU")
-    for gpu in gpus:  # the engine already sees only its own GPU (CUDA_VISIBLE_DEVICES)
-        tf.config.experimental.set_memory_growth(gpu, True)
+        return _horovod_handles(tf, len(gpus))
     if rendezvous := os.environ.get(RENDEZVOUS_VAR):  # the launch's world, over Gloo
         per_node = [int(c) for c in os.environ[PER_NODE_VAR].split(",")]
         _join_gloo(rendezvous.rsplit(":", 1), horovod_slots(launch_hosts(per_node))[rank])
@@ -182,6 +208,22 @@ def _init_horovod(params: dict[str, Any]) -> Handles:
 
     hvd.init()
     return _horovod_handles(tf, len(gpus))
+
+
+def _tensorflow_setup(tf: Any) -> list[Any]:
+    """TensorFlow's thread counts and GPU memory growth, before its runtime starts (a rank that ran TensorFlow
+    already, in a world before this one, keeps what it had); the GPUs it sees."""
+    intra = int(os.environ.get("TF_NUM_INTRAOP_THREADS", "0"))
+    gpus = tf.config.list_physical_devices("GPU")
+    try:
+        if intra:
+            tf.config.threading.set_intra_op_parallelism_threads(intra)
+            tf.config.threading.set_inter_op_parallelism_threads(int(os.environ.get("TF_NUM_INTEROP_THREADS", "1")))
+        for gpu in gpus:  # the engine already sees only its own GPU (CUDA_VISIBLE_DEVICES)
+            tf.config.experimental.set_memory_growth(gpu, True)
+    except RuntimeError:  # "cannot be modified after initialization"
+        pass
+    return gpus
 
 
 def _horovod_handles(tf: Any, gpus: int) -> Handles:

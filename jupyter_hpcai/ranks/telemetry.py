@@ -152,7 +152,7 @@ class Sampler(threading.Thread):
         if rate is not None:
             s.rate_history = [*s.rate_history, rate][-HISTORY:]
         path = self.path
-        partial = path.with_suffix(".tmp")
+        partial = path.with_name(f".{path.name}.{os.getpid()}")  # two ranks renumbered onto each other's names
         try:
             partial.write_text(json.dumps(vars(s)))  # vars: asdict would deep-copy the histories
             os.replace(partial, path)
