@@ -413,7 +413,7 @@ def test_the_horovod_rendezvous_answers_only_the_worlds_nodes(devcluster, tf_env
     address (which would fill the kernel's memory). n1 is the world's node here; n2 plays another user's."""
     from helpers.record import attack
 
-    login, n1, n2 = devcluster.login_address, devcluster.node_address("n1"), devcluster.node_address("n2")
+    login, n1 = devcluster.login_address, devcluster.node_address("n1")
     server = subprocess.Popen([str(tf_env.current().python), "-c", RENDEZVOUS, login, n1], stdout=subprocess.PIPE,
                               text=True)
     try:

@@ -22,7 +22,6 @@ from typing import Any
 from .. import network, slurm
 from ..allocation import Allocation
 from ..contract import RANK_LOG
-from ..envs.container import without_secrets
 from ..errors import HPCAIError
 from ..jobscript import SRUN_RANKS, JobScript, Submitted, export_node_addresses, ranks_per_node
 from ..proc import run
@@ -107,6 +106,7 @@ def changeable(world: RunningSet) -> None:
 
 def submit(script: JobScript) -> Submitted:
     """sbatch the grown job with the kernel's environment (the env's activation), less what must not pass."""
+    from ..envs.container import without_secrets  # here: a container env's kernel has not the envs' packages
     environ = {k: v for k, v in without_secrets(dict(os.environ)).items() if k in PASSED or not k.startswith(NOT_PASSED)}
     return script.submit(env=environ, on_command_line=True)
 

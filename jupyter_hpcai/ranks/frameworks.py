@@ -84,8 +84,10 @@ LAUNCH_VARS = (RENDEZVOUS_VAR, PER_NODE_VAR)  # set for every launch, empty wher
 
 
 def horovod_controller() -> str:
-    """Horovod's controller for the worlds this kernel starts: gloo, or mpi."""
-    value = os.environ.get(CONTROLLER_VAR, "gloo") or "gloo"
+    """Horovod's controller for the worlds this kernel starts: gloo, or mpi. A container env's ranks take MPI
+    unless told otherwise: inside udocker, Gloo did not find the node's interface ("Unable to find address")."""
+    default = "mpi" if os.environ.get("HPCAI_CONTAINER") else "gloo"
+    value = os.environ.get(CONTROLLER_VAR, default) or default
     if value not in ("gloo", "mpi"):
         raise HPCAIError(f"{CONTROLLER_VAR}={value!r} is not a Horovod controller", "use gloo (the default) or mpi")
     return value
