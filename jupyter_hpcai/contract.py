@@ -98,7 +98,8 @@ _ROWS = [
     Variable("HPCAI_OWN_JOB_GRACE", ("user", "tests"), ("kernel",),
              "seconds a kernel's own job outlives its last keepalive, 4 to 3600 (default 120)"),
     Variable("HPCAI_HOROVOD_CONTROLLER", ("admin", "user"), ("kernel",),
-             "gloo (default: worlds that grow, shrink and survive lost ranks) or mpi (the launch's MPI world, fixed)"),
+             "gloo (default: worlds that grow, shrink and survive lost ranks) or mpi (the launch's MPI world, fixed; "
+             "the default in a container env)"),
     Variable("HPCAI_TORCH_BACKEND", ("user", "tests"), ("kernel", "rank"),
              "torch.distributed's backend (default: nccl with a GPU, else gloo)"),
     Variable("HPCAI_STRAGGLER_SHARE", ("admin", "user"), ("server", "kernel"),
