@@ -314,7 +314,7 @@ class Engines:
         re-formed, the last checkpoint restored, the cell run again).
         """
         with self._running_cell:  # one cell at a time, whichever thread asks (the walltime guard's, say)
-            write = write or (lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+            write = write or _print
             if not self.running:
                 self.start(framework=framework)
             self.take_joined()
