@@ -42,11 +42,14 @@ def export_node_addresses(variable: str) -> list[str]:
             f'export {variable}=$(IFS=,; echo "${{addrs[*]}}")']
 
 
-def rank_launch(nodes: int, gpus_per_node: int, argv: Sequence[str]) -> str:
+def rank_launch(nodes: int, gpus_per_node: int, argv: Sequence[str], *, survive: bool = False,
+                output: str | None = None) -> str:
     """The line that runs ``argv`` on every rank of a batch job: one rank per GPU, block order (rank 0 on the first
-    node), the step ended when a rank fails."""
+    node), the step ended when a rank fails; ``survive``: the other ranks go on (a grown job's, membership.py).
+    ``output``: srun's per-rank output pattern."""
+    ending = ["--kill-on-bad-exit=0", "--no-kill"] if survive else ["--kill-on-bad-exit=1"]
     return shlex.join([*SRUN_RANKS, f"--nodes={nodes}", f"--ntasks-per-node={ranks_per_node(gpus_per_node)}",
-                       "--distribution=block", "--kill-on-bad-exit=1", *argv])
+                       "--distribution=block", *ending, *([f"--output={output}"] if output else []), *argv])
 
 
 @dataclass(frozen=True)

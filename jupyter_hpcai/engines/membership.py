@@ -23,7 +23,7 @@ from .. import network, slurm
 from ..allocation import Allocation
 from ..contract import RANK_LOG
 from ..errors import HPCAIError
-from ..jobscript import SRUN_RANKS, JobScript, Submitted, export_node_addresses, ranks_per_node
+from ..jobscript import JobScript, Submitted, export_node_addresses, rank_launch, ranks_per_node
 from ..proc import run
 from ..ranks.frameworks import FRAMEWORKS
 from ..ranks.identity import WORLD
@@ -58,16 +58,14 @@ class Growth:
                    "HPCAI_CONTROLLER_TIMEOUT": "120", "HPCAI_RANK_FOLDER": str(world.folder),
                    "HPCAI_TELEMETRY_INTERVAL": str(world.telemetry_interval)}
         engine = ["--profile-dir", str(world.cluster.profile_dir), "--cluster-id", world.cluster.cluster_id]
-        ranks = [*SRUN_RANKS, f"--nodes={self.nodes}", f"--ntasks-per-node={ranks_per_node(self.gpus_per_node)}",
-                 "--distribution=block", "--kill-on-bad-exit=0", "--no-kill",
-                 f"--output={world.folder}/{RANK_LOG.format(rank='%j-%t')}",
-                 *LAUNCHERS["srun"].program(), *engine]
+        ranks = rank_launch(self.nodes, self.gpus_per_node, [*LAUNCHERS["srun"].program(), *engine], survive=True,
+                            output=f"{world.folder}/{RANK_LOG.format(rank='%j-%t')}")
         body = "\n".join([*(f"export {k}={shlex.quote(v)}" for k, v in exports.items()),
-                          *export_node_addresses(network.NODE_ADDRS), shlex.join(ranks), ""])
+                          *export_node_addresses(network.NODE_ADDRS), ranks, ""])
         return JobScript(name=JOB_NAME, nodes=self.nodes, tasks_per_node=ranks_per_node(self.gpus_per_node),
                          gpus_per_node=self.gpus_per_node, time=slurm.format_duration(self.seconds),
                          partition=self.partition or None, account=self.account, output=log,
-                         extra=("--no-kill", f"--exclude={','.join(self.exclude)}") if self.exclude else ("--no-kill",),
+                         extra=("--no-kill", *([f"--exclude={','.join(self.exclude)}"] if self.exclude else [])),
                          body=body)
 
     def estimate(self, script: JobScript) -> str:
