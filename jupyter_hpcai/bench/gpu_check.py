@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..errors import HPCAIError
 from .stamp import commit
 
 SECTIONS = ("Stamp", "Preflight: CUDA and NCCL", "DDP through %%torchrun",
@@ -113,11 +114,19 @@ def timed_bench(shell: Shell, module: str, args: list[str], ranks: int, times: i
                 _, results = shell.cell("-o bench_result", f"from {module} import main\nmain({args!r})")
                 samples[kind].append(_rate(results[0]))
             else:
-                done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                       f"--nproc-per-node={ranks}", "-m", module, *args],
-                                      capture_output=True, text=True, timeout=600, check=True)
-                samples[kind].append(_rate(done.stdout))
+                samples[kind].append(_rate(bare_torchrun(module, args, ranks)))
     return samples
+
+
+def bare_torchrun(module: str, args: list[str], ranks: int) -> str:
+    """``module`` run bare with ``torchrun --standalone``: its output, or an error with its last lines."""
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc-per-node={ranks}", "-m", module, *args],
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise HPCAIError(f"torchrun --standalone -m {module} exited with {done.returncode}",
+                         (done.stdout + done.stderr)[-3000:])
+    return done.stdout
 
 
 def _rate(result: Any) -> float:

@@ -6,6 +6,7 @@ rendezvous come from Slurm's variables), or ``torchrun --standalone --nproc-per-
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
 
@@ -14,7 +15,9 @@ from .train_small import parse_args
 
 def init_plain() -> None:
     """A plain launch: torchrun's variables when it set them, else (srun) RANK/WORLD_SIZE from Slurm with rank 0's
-    node and a port derived from the job id; NCCL where there is a GPU, Gloo elsewhere (as %%torchrun chooses)."""
+    node and a port derived from the job id; NCCL where there is a GPU, Gloo elsewhere (as %%torchrun chooses).
+    The group ends before the interpreter does: left to the exit, Gloo's threads can abort the process
+    ("terminate called without an active exception"), and torchrun then reports the run as failed."""
     import torch
     import torch.distributed as dist
 
@@ -26,6 +29,7 @@ def init_plain() -> None:
         os.environ.setdefault("MASTER_ADDR", node_address(expand_hostlist(os.environ["SLURM_STEP_NODELIST"])[0]))
         os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ["SLURM_JOB_ID"]) % 20000))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    atexit.register(dist.destroy_process_group)
 
 
 def main(argv: list[str] | None = None) -> float:
