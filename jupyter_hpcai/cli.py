@@ -620,18 +620,20 @@ def logs(job: str | None, follow: bool, folder: Path) -> None:
 @click.option("--stop", is_flag=True, help="Stop the hub, its proxy, the servers' jobs and the dev cluster.")
 def demo(check: bool, stop: bool) -> None:
     """The main job: dev cluster, tf-horovod-cpu env and kernel, a hub with a demo user (--stop ends it all)."""
-    from .demo import DEMO_USER, check as walk, prepare, stop as stop_demo
+    from .demo import DEMO_USER, check as walk, prepare, stop as stop_demo, timed
 
     if stop:
         stop_demo(_say)
         return
-    hub = prepare(_say)
+    with timed(_say, "ready"):
+        hub = prepare(_say)
     console.print(f"\n[bold]JupyterHub: {esc(hub.url)}[/]  (reach it with: ssh -L 8000:127.0.0.1:{hub.port} this-host)")
     console.print(f"[bold]login:[/] {DEMO_USER}   [bold]password:[/] {esc(hub.password)}   (hub log: {esc(hub.log)})")
     console.print("Pick the profile '2 nodes x 2 GPUs': JupyterLab opens demo.ipynb (a copy of examples/demo.ipynb in "
                   "your home); run its cells. Stop it all with: hpcai demo --stop")
     if check:
-        failed = walk(hub, _say)
+        with timed(_say, "the check"):
+            failed = walk(hub, _say)
         if failed:
             raise HPCAIError(f"{failed} step(s) of the check failed", f"see the hub log: {hub.log}")
         console.print("[green]the whole path works[/]")

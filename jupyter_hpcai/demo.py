@@ -14,8 +14,11 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -183,28 +186,47 @@ def ensure_user(name: str) -> None:
 
 
 def prepare(say: Say) -> HubProcess:
-    """Dev cluster up, env built (or reused) with its kernel, demo user, hub running."""
+    """Dev cluster up, env built (or reused) with its kernel, demo user, hub running. The env builds in a thread
+    while the user, the examples and the hub (which do not need it) come up; each phase says how long it took."""
     cluster = DevCluster()
-    cluster.up()
-    os.environ.update(cluster.variables())
+    with timed(say, "dev cluster"):
+        cluster.up()
+    os.environ.update(cluster.variables())  # before the env's build starts: threads share the environment
     say(f"dev cluster up: {', '.join(n for n in cluster.node_names)} ({cluster.gpus_per_node} fake GPUs each)")
-    store = EnvStore()  # a site env: every user of the hub, and `hpcai env list`, find it without settings
-    result = Builder(load_recipe(REPO / "recipes" / "tf-horovod-cpu.yaml"), store=store, site=True,
-                     progress=lambda e: say(f"  env {e.phase}: {e.message}") if e.state == "done" else None).run()
-    say(f"env tf-horovod-cpu {'reused' if result.up_to_date else 'built'}: {result.build.prefix}")
-    spec = kernelspec.install(open_env(result.dir), prefix=sys.prefix, display_name="Python (tf-horovod-cpu)")
-    say(f"kernel installed: {spec}")
-    ensure_user(DEMO_USER)
-    for line in copy_examples(DEMO_USER):
-        say(line)
-    os.environ.setdefault("HPCAI_DEMO_NOTEBOOK", "demo.ipynb")  # the demo hub opens JupyterLab on it
-    state = paths.hub_dir()
-    hub = HubProcess(state, int(os.environ.get("HPCAI_HUB_PORT", "8000")), password=_secret(state, "password"),
-                     token=_secret(state, "api_token"))
-    if not hub.answers():
-        hub.start()
-    hub.api("POST", f"/users/{DEMO_USER}")
+    with ThreadPoolExecutor(1, thread_name_prefix="hpcai-demo-env") as pool:
+        building = pool.submit(_build_env, say)
+        with timed(say, "demo user, examples and hub"):
+            ensure_user(DEMO_USER)
+            for line in copy_examples(DEMO_USER):
+                say(line)
+            os.environ.setdefault("HPCAI_DEMO_NOTEBOOK", "demo.ipynb")  # the demo hub opens JupyterLab on it
+            state = paths.hub_dir()
+            hub = HubProcess(state, int(os.environ.get("HPCAI_HUB_PORT", "8000")), password=_secret(state, "password"),
+                             token=_secret(state, "api_token"))
+            if not hub.answers():
+                hub.start()
+            hub.api("POST", f"/users/{DEMO_USER}")
+        building.result()
     return hub
+
+
+def _build_env(say: Say) -> None:
+    """The tf-horovod-cpu env, a site env (every user of the hub, and `hpcai env list`, find it without settings),
+    and its kernel."""
+    with timed(say, "env tf-horovod-cpu"):
+        result = Builder(load_recipe(REPO / "recipes" / "tf-horovod-cpu.yaml"), store=EnvStore(), site=True,
+                         progress=lambda e: say(f"  env {e.phase}: {e.message}") if e.state == "done" else None).run()
+        say(f"env tf-horovod-cpu {'reused' if result.up_to_date else 'built'}: {result.build.prefix}")
+        spec = kernelspec.install(open_env(result.dir), prefix=sys.prefix, display_name="Python (tf-horovod-cpu)")
+        say(f"kernel installed: {spec}")
+
+
+@contextmanager
+def timed(say: Say, phase: str) -> Iterator[None]:
+    """Say how long ``phase`` took once it is done."""
+    start = time.monotonic()
+    yield
+    say(f"[{phase}: {time.monotonic() - start:.0f} s]")
 
 
 # copy_examples' program, run as the user in their home: every read and write there is the user's own, a link is

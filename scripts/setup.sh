@@ -13,6 +13,8 @@ APT_PACKAGES=(
   chromium                              # browser tests (Playwright drives Debian's Chromium)
   proot debootstrap                     # container envs: udocker's P1 mode, and the tests' Debian image
 )
+took() { echo "[setup: $1: $((SECONDS - $2)) s]"; }  # each phase says how long it took
+start=$SECONDS
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -24,12 +26,25 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
 fi
 
+took "Debian packages" "$start"
+
+# The proxy (npm) installs beside the project's virtualenv (pip): neither needs the other.
+start=$SECONDS
+proxy=""
+if ! command -v configurable-http-proxy >/dev/null; then
+  npm install -g --no-fund --no-audit configurable-http-proxy > /tmp/hpcai-setup-npm.log 2>&1 &
+  proxy=$!
+fi
 # The project's virtualenv, from the system python so that other unix users can run it.
 [[ -x .venv/bin/python ]] || /usr/bin/python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[hub,test]'
-
-command -v configurable-http-proxy >/dev/null || npm install -g --no-fund --no-audit configurable-http-proxy
+if [[ -n $proxy ]] && ! wait "$proxy"; then
+  cat /tmp/hpcai-setup-npm.log
+  echo "setup: npm could not install configurable-http-proxy (its output is above)" >&2
+  exit 1
+fi
+took "the project's virtualenv and the proxy" "$start"
 
 # Notebook servers and jobs run as other unix users and must run .venv: let every user traverse
 # (not list) the directories above the checkout, which may sit under /root (mode 700).
