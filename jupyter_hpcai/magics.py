@@ -14,7 +14,7 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
 from . import engines as engines_api
 from . import guard, hubapi
-from .engines import own_job
+from .engines import own_job, warm
 from .ranks import telemetry
 from .errors import HPCAIError
 from .magic_args import hpc_parser, parse, run_parser
@@ -91,6 +91,13 @@ Engines = engines_api.Engines
 
 
 def _start(engines: Engines, args: argparse.Namespace) -> None:
+    if engines.started_with_kernel and _asks_the_default(args):  # they are starting, or running: no second start
+        engines.await_background(write=_print_now)
+        if engines.running:
+            print(f"{len(engines.ranks)} engines ready, started with this kernel ({engines.layout.launcher})"  # type: ignore[union-attr]
+                  + (f"; {engines.warm} initialised on every rank" if engines.warm else "") + ":")
+            _print_ranks(engines.ranks)
+            return
     ask = _own_request(args, engines)
     if ask is not None:
         engines.check_request(ask, args.launcher)  # refused before anything is said or submitted
@@ -106,6 +113,16 @@ def _start(engines: Engines, args: argparse.Namespace) -> None:
     own = f" in this kernel's Slurm job {engines.own_job.job_id}" if engines.own_job else ""
     print(f"{len(ranks)} engines ready ({engines.layout.launcher}){own}{warm}:")  # type: ignore[union-attr]
     _print_ranks(ranks)
+
+
+def _asks_the_default(args: argparse.Namespace) -> bool:
+    """A plain ``%hpc start``: what a start with the kernel starts."""
+    return (args.n, args.nodes, args.gpus_per_node, args.launcher, args.time, args.partition, args.account) == \
+        (None,) * 7 and args.framework == "auto" and args.telemetry == telemetry.DEFAULT_INTERVAL
+
+
+def _print_now(text: str) -> None:
+    print(text, end="", flush=True)
 
 
 def _attach(engines: Engines, args: argparse.Namespace) -> None:
@@ -256,9 +273,11 @@ _guard: guard.WalltimeGuard | None = None
 
 
 def load(ipython: Any) -> None:
-    """The magics, and the walltime guard (once per kernel)."""
+    """The magics, the walltime guard, and the engines if the job starts them with its first kernel (once per
+    kernel)."""
     global _guard
     ipython.register_magics(HPCMagics)
     if _guard is None:
         _guard = guard.WalltimeGuard(ipython, engines_api.current)
         _guard.start()
+        warm.start_with_kernel(engines_api.current())

@@ -17,6 +17,7 @@ from jupyter_client.provisioning import LocalProvisioner
 from tornado.web import HTTPError
 from traitlets import Unicode
 
+from .contract import START_ENGINES
 from .envs import EnvStore
 from .errors import HPCAIError
 
@@ -44,6 +45,8 @@ class HPCAIEnvProvisioner(LocalProvisioner):  # type: ignore[misc]
             store = EnvStore.at(Path(self.env_root)) if self.env_root else EnvStore()
             env = store.get(self.env)
             cmd = list(kwargs["cmd"])
+            if (kwargs.get("env") or {}).get(START_ENGINES) == "1":  # the engines start with the kernel (warm.py)
+                cmd.append("--ext=jupyter_hpcai")
             connection = cmd[cmd.index("-f") + 1] if "-f" in cmd else None
             kwargs["cmd"] = env.argv(cmd, binds=[str(Path(connection).parent)] if connection else [])
             kwargs["env"] = env.environ(kwargs.get("env") or {})

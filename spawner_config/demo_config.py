@@ -65,7 +65,8 @@ c.HPCSlurmSpawner.profiles = [
     {"name": "1 node, 1 GPU (debug)", "partition": "debug", "nodes": 1, "gpus_per_node": 1, "walltime": "01:00:00",
      "environment": "tf-horovod-cpu"},
     {"name": "2 nodes x 2 GPUs", "partition": "gpu", "nodes": 2, "gpus_per_node": 2, "walltime": "02:00:00",
-     "environment": "tf-horovod-cpu", "no_kill": True},
+     "environment": "tf-horovod-cpu", "no_kill": True,
+     "start_engines": os.environ.get("HPCAI_DEMO_START_ENGINES", "1") == "1"},
 ]
 c.HPCSlurmSpawner.environments = {"tf-horovod-cpu": "TensorFlow 2.15 + Horovod 0.28 (CPU)"}
 c.HPCSlurmSpawner.limits = {"debug": {"max_walltime": "01:00:00"}, "gpu": {"max_walltime": "08:00:00"},

@@ -54,6 +54,9 @@ class Engines:
         self._listeners: list[Callable[[Engines], None]] = []
         self._starting = threading.Lock()  # one start at a time (the panel's waits in a thread)
         self._running_cell = threading.RLock()  # shrink and grow wait for the cell; joins never
+        self._background: threading.Thread | None = None  # a start in a thread: the one with the kernel (warm.py)
+        self.background_error: HPCAIError | None = None  # why it failed, told to the next cell
+        self.started_with_kernel = False  # the running engines are the background start's (until a stop)
         if allocation is None:  # outside a job nothing would stop them: they go with the kernel (ipyparallel's atexit)
             atexit.register(lambda: self.set.remove_folder() if self.set else None)
 
@@ -103,6 +106,7 @@ class Engines:
         ``ask``: outside any job, the allocation to submit and start in (own_job.py), kept until ``stop``;
         ``pending`` hears its record while Slurm has not started it.
         """
+        self.await_background()
         if not self._starting.acquire(blocking=False):
             raise HPCAIError("a start of these engines is under way (in the panel, or another thread)",
                              "wait for it, or %hpc stop (which also releases a job that waits)")
@@ -149,6 +153,34 @@ class Engines:
             raise
         self._set_state("running")
         return self.ranks
+
+    def start_in_background(self, **start: Any) -> None:
+        """``start(**start)`` in a thread, the kernel going on meanwhile; cells and ``start`` wait for it, and a
+        failure is kept in ``background_error`` for the next cell to tell (the kernel has no cell to show it)."""
+        def starting() -> None:
+            try:
+                self.start(**start)
+            except HPCAIError as err:
+                self.background_error = err
+            except Exception as err:  # any other: a thread's exception would only reach the kernel's log
+                self.background_error = HPCAIError(f"{type(err).__name__}: {err}")
+
+        self.background_error, self.started_with_kernel = None, True
+        self._background = threading.Thread(target=starting, name="hpcai-background-start", daemon=True)
+        self._background.start()
+
+    def await_background(self, write: Write | None = None) -> None:
+        """Wait for a start in the background (``write`` says so first); a failed one is said and forgotten."""
+        thread = self._background
+        if thread is None or thread is threading.current_thread():
+            return
+        if thread.is_alive() and write:
+            write("hpcai: waiting for the engines that are starting with this kernel\n")
+        thread.join()
+        self._background = None
+        if self.background_error is not None and write:
+            err, self.background_error = self.background_error, None
+            write(f"hpcai: the engines that started with this kernel failed: {err.message}; starting them now\n")
 
     def check_request(self, ask: own_job.Request, launcher: str | None) -> None:
         """An allocation may be asked for outside any job, once, for ranks that srun starts."""
@@ -202,7 +234,10 @@ class Engines:
 
     def stop(self, notify: bool = True, release: bool = True) -> None:
         """Stop the engines and the controller, and (``release``) end this kernel's own job if it has one.
-        Harmless when nothing runs."""
+        Harmless when nothing runs; a start in the background finishes first."""
+        self.await_background()
+        if self._background is None:  # a stop of the user's, not the one the background start begins with
+            self.started_with_kernel = False
         running, self.set = self.set, None
         self.warm = None  # a restart after this starts cold, as the first cell after a lost world does
         if running is not None:
@@ -315,6 +350,7 @@ class Engines:
         """
         with self._running_cell:  # one cell at a time, whichever thread asks (the walltime guard's, say)
             write = write or _print
+            self.await_background(write)
             if not self.running:
                 self.start(framework=framework)
             self.take_joined()

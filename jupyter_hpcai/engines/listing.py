@@ -253,3 +253,19 @@ def list_engine_sets(job: str | None = None, connect_timeout: float = 2.0) -> li
                      "state": "running" if controller_running and registered else "stopped",
                      "attached": engine_set.attached, "ranks": ranks})
     return sets
+
+
+def claim_kernel_start(job: str) -> bool:
+    """True for the first caller in Slurm job ``job`` only: the kernel that starts the job's engines with itself
+    (warm.py). A file made exclusively in the sets' folder of the default profile, left there for the job's life."""
+    from IPython.paths import get_ipython_dir
+
+    folder = Path(get_ipython_dir()) / "profile_default" / SET_FOLDERS
+    for path in reversed([folder, *folder.parents]):
+        if not path.exists():
+            path.mkdir(mode=0o700)
+    try:
+        os.close(os.open(folder / f"started-with-kernel-{job}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    return True

@@ -18,6 +18,7 @@ unset SLURM_EXPORT_ENV
 # One Jupyter server, on the first node of the job; every node and GPU stays free for the
 # engines (%hpc start). The server's environment carries the whole allocation (SLURM_*).
 export HPCAI_ENV={environment}
+export HPCAI_START_ENGINES={start_engines}
 {bind}{prologue}
 {run}"""
 
@@ -82,7 +83,7 @@ def render(options: SpawnOptions, profile: Profile, *, user: str, homedir: str, 
                             signal_trap=SIGNAL_TRAP.format(warning=warning) if warning else "",
                             epilogue=f"{epilogue}\n" if epilogue else "")
     body = BODY.format(prune=PRUNE.format(logdir=shlex.quote(logdir), days=int(log_days)) if log_days else "",
-                       environment=shlex.quote(options.environment),
+                       environment=shlex.quote(options.environment), start_engines=int(profile.start_engines),
                        bind=BIND_NODE_ADDRESS if bind_node_address else "", prologue=prologue, run=run)
     extra = (f"--chdir={homedir}", f"--export={keepvars}", *([f"--signal=B:USR1@{warning}"] if warning else []),
              *([f"--dependency=afterany:{int(after)}"] if after else []), *site_options,

@@ -1,0 +1,88 @@
+"""Engines that start with the job's first kernel (the profile's start_engines): the job script asks for it, the
+kernel in a 2-node job finds its engines running without %hpc start, and with the setting off nothing starts."""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.kernels import kernel_in_job
+from jupyter_hpcai.allocation import Allocation
+from jupyter_hpcai.engines import Engines, listing, warm
+from jupyter_hpcai.spawner import script
+from jupyter_hpcai.spawner.options import Profile, SpawnOptions
+
+
+def _script(start_engines: bool) -> str:
+    profile = Profile(name="2x2", partition="gpu", nodes=2, gpus_per_node=2, start_engines=start_engines)
+    options = SpawnOptions(profile="2x2", partition="gpu", nodes=2, gpus_per_node=2, walltime="01:00:00")
+    return script.render(options, profile, user="alice", homedir="/home/alice", keepvars="PATH",
+                         cmd=["batchspawner-singleuser", "jupyterhub-singleuser"])
+
+
+def test_the_profile_setting_reaches_the_job() -> None:
+    assert "\nexport HPCAI_START_ENGINES=1\n" in _script(True)
+    assert "\nexport HPCAI_START_ENGINES=0\n" in _script(False)  # the default: off
+
+
+def _allocation(nodes: int, gpus: int) -> Allocation:
+    return Allocation("7", "gpu", [f"n{i + 1}" for i in range(nodes)], gpus, 4, nodes * max(gpus, 1),
+                      [str(g) for g in range(gpus)], dt.datetime.now())
+
+
+@pytest.mark.parametrize(("allocation", "setting", "starts"), [
+    (_allocation(2, 2), "1", True),
+    (_allocation(1, 2), "1", True),
+    (_allocation(2, 2), "0", False),
+    (_allocation(2, 2), "", False),
+    (_allocation(1, 1), "1", False),  # one GPU: nothing distributed to warm
+    (None, "1", False),  # outside a job
+])
+def test_only_a_multi_gpu_job_that_asked_starts_them(allocation: Allocation | None, setting: str, starts: bool) -> None:
+    assert warm.wanted(Engines(allocation), {"HPCAI_START_ENGINES": setting}) is starts
+
+
+def test_one_kernel_per_job_claims_the_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    assert [listing.claim_kernel_start("41"), listing.claim_kernel_start("41"), listing.claim_kernel_start("42")] \
+        == [True, False, True]
+    assert (tmp_path / "ipython" / "profile_default" / "hpcai-ranks").stat().st_mode & 0o077 == 0
+
+
+FIRST_CELL = "%%torchrun --output collapse\nprint('rank', rank, 'of', world_size, dist.is_initialized())"
+
+
+@pytest.mark.slow
+def test_engines_start_with_the_kernel_and_not_when_the_setting_is_off(devcluster, torch_env, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                                        bench: list[str]) -> None:
+    """Kernels in 2 x 2 jobs, the setting on and off (alternating, twice each): the same first cells, timed from the
+    job's submission to the first rank's output. On: the extension came with the kernel and the engines run
+    without %hpc start, and a plain %hpc start uses them; off: nothing loaded, nothing started."""
+    took: dict[str, list[float]] = {"on": [], "off": []}
+    for i, mode in enumerate(("off", "on", "on", "off")):
+        submitted = time.monotonic()
+        with kernel_in_job(torch_env, tmp_path / str(i), environ={"HPCAI_START_ENGINES": "1" if mode == "on" else "0"}) as kernel:
+            loaded = kernel.run("import sys; 'jupyter_hpcai.magics' in sys.modules").result
+            assert loaded == str(mode == "on"), (mode, loaded)  # off: nothing can have started them
+            if mode == "off":
+                assert listing.job_sets(str(kernel.job_id)) == []
+            kernel.run("%load_ext jupyter_hpcai")
+            cell = kernel.run(FIRST_CELL)
+            took[mode].append(time.monotonic() - submitted)
+            assert cell.status == "ok", cell.error
+            assert "of 4 True" in cell.stdout, cell.stdout
+            started = kernel.run("import jupyter_hpcai.engines as e; e.current().started_with_kernel").result
+            assert started == str(mode == "on"), (mode, started, cell.stdout)
+            if mode == "on" and i == 1:
+                said = kernel.run("%hpc start").stdout  # a plain start uses them: no second start
+                assert "4 engines ready, started with this kernel" in said, said
+                assert len(listing.job_sets(str(kernel.job_id))) == 1
+    on, off = statistics.median(took["on"]), statistics.median(took["off"])
+    bench.append(f"engines with the kernel (2 x 2 job, torch env; sbatch -> first %%torchrun output, the cell sent as "
+                 f"soon as the kernel answers): on {on:.1f} s, off {off:.1f} s, on/off {on / off:.2f} (medians of 2, "
+                 f"alternating; on: {', '.join(f'{t:.1f}' for t in took['on'])}; off: "
+                 f"{', '.join(f'{t:.1f}' for t in took['off'])})")
