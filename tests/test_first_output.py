@@ -1,0 +1,115 @@
+"""From the spawn form's Start to the first line a rank prints, as a new user meets it in the browser: the demo's
+2 x 2 profile, a notebook JupyterLab opens at the spawn, its cells run as soon as the kernel is idle. The engines
+start with the kernel (the profile's start_engines) against a hub whose profile leaves them to the first cell,
+alternating; each phase is timed from the click (Slurm's times for the queue, the rank table's for the engines)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.hub import USER, Hub, as_user, logged_in_page
+from jupyter_hpcai import kernelspec, slurm
+from jupyter_hpcai.envs import open_env
+
+NOTEBOOK = "first-output.ipynb"
+CELLS = ["%load_ext jupyter_hpcai", "%%horovod_run\nprint('first output from rank', rank, 'of', size)"]
+PHASES = ("Slurm job submitted", "job running", "JupyterLab page", "kernel idle", "engines registered",
+          "first rank output")
+
+
+def _notebook() -> str:
+    return json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                                  "source": code} for code in CELLS],
+                       "metadata": {"kernelspec": {"name": "hpcai-tf-horovod-cpu", "display_name": "tf-horovod-cpu",
+                                                   "language": "python"}}, "nbformat": 4, "nbformat_minor": 5})
+
+
+def _slurm_time(value: str) -> float:
+    return dt.datetime.fromisoformat(value).timestamp()
+
+
+def _engines_registered(job: str) -> float:
+    """When the job's engine set wrote its rank table (every rank registered): its file's time."""
+    found = sorted(Path(f"~{USER}").expanduser().glob(f".ipython/profile_default/hpcai-ranks/hpcai-{job}-*/ranks.json"))
+    tables = [p for p in found if json.loads(p.read_text()).get("ranks")]
+    return tables[0].stat().st_mtime if tables else float("nan")
+
+
+def _newest_job() -> dict[str, str]:
+    """scontrol's record of the user's newest job (the server's, as the user has no other)."""
+    jobs = subprocess.run(["squeue", "--noheader", "--user", USER, "--format=%i"], capture_output=True, text=True,
+                          timeout=30, check=True).stdout.split()
+    return slurm.job_info(max(jobs, key=int)) or {}
+
+
+def _one_start(playwright, hub: Hub) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """Start -> first rank output once: each phase's seconds from the click."""
+    browser, page = logged_in_page(playwright, hub)
+    try:
+        page.goto(f"{hub.url}/hub/spawn")
+        page.select_option("#hpcai-profile", "2 nodes x 2 GPUs")
+        clicked = time.time()
+        page.click("input[type=submit], button[type=submit]")
+        page.wait_for_selector("#jp-main-dock-panel", timeout=300_000)
+        lab = time.time()
+        page.wait_for_function("document.querySelector('#jp-main-statusbar')?.innerText.includes('| Idle')",
+                               timeout=300_000)
+        idle = time.time()
+        page.click(".jp-Cell .jp-InputArea-editor")
+        for _ in CELLS:  # Run All, as fast as a person can
+            page.keyboard.press("Shift+Enter")
+        page.wait_for_function("[...document.querySelectorAll('.jp-Notebook .jp-Cell')][1]"
+                               "?.querySelector('.jp-OutputArea')?.innerText.includes('first output from rank')",
+                               timeout=600_000)
+        first = time.time()
+        output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea").inner_text()
+        assert "first output from rank 0 of 4" in output and "first output from rank 3 of 4" in output, output
+        job = _newest_job()
+        engines = _engines_registered(job["JobId"])
+    finally:
+        browser.close()
+    hub.stop_server()
+    at = dict(zip(PHASES, (_slurm_time(job["SubmitTime"]), _slurm_time(job["StartTime"]), lab, idle, engines, first)))
+    return {phase: when - clicked for phase, when in at.items()}
+
+
+@pytest.mark.slow
+def test_start_to_the_first_rank_output_in_the_browser(devcluster, tf_env, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                       bench: list[str]) -> None:
+    from playwright.sync_api import sync_playwright
+
+    kernelspec.install(open_env(tf_env), prefix=sys.prefix)  # what `hpcai demo` installs for the hub's servers
+    as_user(USER, sys.executable, "-c", f"import os; open(os.path.expanduser('~/{NOTEBOOK}'), 'w').write({_notebook()!r})")
+    hubs = {mode: Hub(tmp_path / mode, environ={"HPCAI_DEMO_NOTEBOOK": NOTEBOOK, "HPCAI_DEMO_START_ENGINES": flag})
+            for mode, flag in (("with the kernel", "1"), ("at the first cell", "0"))}
+    runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in hubs}
+    try:
+        for hub in hubs.values():
+            hub.start()
+            hub.api("POST", f"/users/{USER}")
+        with sync_playwright() as p:
+            for mode in ("with the kernel", "at the first cell", "at the first cell", "with the kernel"):
+                runs[mode].append(_one_start(p, hubs[mode]))
+    finally:
+        for hub in hubs.values():
+            if hub.proc and hub.proc.poll() is None and hub.server(USER) is not None:
+                hub.stop_server(USER)
+            hub.stop(proxy=True)
+    total = {mode: statistics.median(r["first rank output"] for r in rs) for mode, rs in runs.items()}
+    for mode, rs in runs.items():
+        median = {phase: statistics.median(r[phase] for r in rs) for phase in PHASES}
+        # each phase after the one before it (the engines, started with the kernel, may register before it is idle)
+        assert median["job running"] <= median["JupyterLab page"] <= median["kernel idle"] < median["first rank output"]
+        bench.append(f"Start -> first rank output in the browser, engines {mode} (2 x 2, tf-horovod-cpu; medians of 2, "
+                     "seconds from the click): " + ", ".join(f"{phase} {at:.1f}" for phase, at in median.items()))
+    bench.append(f"Start -> first rank output: engines with the kernel / at the first cell = "
+                 f"{total['with the kernel'] / total['at the first cell']:.2f} "
+                 f"({total['with the kernel']:.1f} s / {total['at the first cell']:.1f} s, alternating)")
