@@ -31,8 +31,9 @@ took "Debian packages" "$start"
 # The proxy (npm) installs beside the project's virtualenv (pip): neither needs the other.
 start=$SECONDS
 proxy=""
+npm_log=$(mktemp)  # a fresh file of root's: never a name in /tmp that another user could have made first
 if ! command -v configurable-http-proxy >/dev/null; then
-  npm install -g --no-fund --no-audit configurable-http-proxy > /tmp/hpcai-setup-npm.log 2>&1 &
+  npm install -g --no-fund --no-audit configurable-http-proxy > "$npm_log" 2>&1 &
   proxy=$!
 fi
 # The project's virtualenv, from the system python so that other unix users can run it.
@@ -40,10 +41,11 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[hub,test]'
 if [[ -n $proxy ]] && ! wait "$proxy"; then
-  cat /tmp/hpcai-setup-npm.log
+  cat "$npm_log"
   echo "setup: npm could not install configurable-http-proxy (its output is above)" >&2
   exit 1
 fi
+rm -f "$npm_log"
 took "the project's virtualenv and the proxy" "$start"
 
 # Notebook servers and jobs run as other unix users and must run .venv: let every user traverse
