@@ -192,6 +192,7 @@ def prepare(say: Say) -> HubProcess:
     with timed(say, "dev cluster"):
         cluster.up()
     os.environ.update(cluster.variables())  # before the env's build starts: threads share the environment
+    os.environ.setdefault("HPCAI_DEMO_NOTEBOOK", "demo.ipynb")  # the demo hub opens JupyterLab on it
     say(f"dev cluster up: {', '.join(n for n in cluster.node_names)} ({cluster.gpus_per_node} fake GPUs each)")
     with ThreadPoolExecutor(1, thread_name_prefix="hpcai-demo-env") as pool:
         building = pool.submit(_build_env, say)
@@ -199,7 +200,6 @@ def prepare(say: Say) -> HubProcess:
             ensure_user(DEMO_USER)
             for line in copy_examples(DEMO_USER):
                 say(line)
-            os.environ.setdefault("HPCAI_DEMO_NOTEBOOK", "demo.ipynb")  # the demo hub opens JupyterLab on it
             state = paths.hub_dir()
             hub = HubProcess(state, int(os.environ.get("HPCAI_HUB_PORT", "8000")), password=_secret(state, "password"),
                              token=_secret(state, "api_token"))

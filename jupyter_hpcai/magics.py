@@ -135,12 +135,14 @@ def _attach(engines: Engines, args: argparse.Namespace) -> None:
 
 
 def _stop(engines: Engines, args: argparse.Namespace) -> None:
+    engines.await_background(write=_print_now)
     job = engines.own_job.job_id if engines.own_job else None
     engines.stop()
     print("engines stopped" + (f"; Slurm job {job} released" if job else ""))
 
 
 def _status(engines: Engines, args: argparse.Namespace) -> None:
+    engines.await_background(write=_print_now)
     ranks = engines.status()
     if not ranks:
         print("no engines running; start them with %hpc start")

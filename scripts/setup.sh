@@ -32,6 +32,7 @@ took "Debian packages" "$start"
 start=$SECONDS
 proxy=""
 npm_log=$(mktemp)  # a fresh file of root's: never a name in /tmp that another user could have made first
+trap 'rm -f "$npm_log"' EXIT
 if ! command -v configurable-http-proxy >/dev/null; then
   npm install -g --no-fund --no-audit configurable-http-proxy > "$npm_log" 2>&1 &
   proxy=$!
@@ -45,7 +46,6 @@ if [[ -n $proxy ]] && ! wait "$proxy"; then
   echo "setup: npm could not install configurable-http-proxy (its output is above)" >&2
   exit 1
 fi
-rm -f "$npm_log"
 took "the project's virtualenv and the proxy" "$start"
 
 # Notebook servers and jobs run as other unix users and must run .venv: let every user traverse

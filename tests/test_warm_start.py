@@ -34,23 +34,36 @@ def _allocation(nodes: int, gpus: int) -> Allocation:
                       [str(g) for g in range(gpus)], dt.datetime.now())
 
 
-@pytest.mark.parametrize(("allocation", "setting", "starts"), [
-    (_allocation(2, 2), "1", True),
-    (_allocation(1, 2), "1", True),
-    (_allocation(2, 2), "0", False),
-    (_allocation(2, 2), "", False),
-    (_allocation(1, 1), "1", False),  # one GPU: nothing distributed to warm
-    (None, "1", False),  # outside a job
+@pytest.mark.parametrize(("allocation", "setting", "state", "starts"), [
+    (_allocation(2, 2), "1", "/home/a/.hpcai/jobs/7", True),
+    (_allocation(1, 2), "1", "/home/a/.hpcai/jobs/7", True),
+    (_allocation(2, 2), "0", "/home/a/.hpcai/jobs/7", False),
+    (_allocation(2, 2), "", "/home/a/.hpcai/jobs/7", False),
+    (_allocation(2, 2), "1", "", False),  # not a notebook job of the hub's: no private folder to claim it in
+    (_allocation(1, 1), "1", "/home/a/.hpcai/jobs/7", False),  # one GPU: nothing distributed to warm
+    (None, "1", "/home/a/.hpcai/jobs/7", False),  # outside a job
 ])
-def test_only_a_multi_gpu_job_that_asked_starts_them(allocation: Allocation | None, setting: str, starts: bool) -> None:
-    assert warm.wanted(Engines(allocation), {"HPCAI_START_ENGINES": setting}) is starts
+def test_only_a_multi_gpu_notebook_job_that_asked_starts_them(allocation: Allocation | None, setting: str, state: str,
+                                                              starts: bool) -> None:
+    assert warm.wanted(Engines(allocation), {"HPCAI_START_ENGINES": setting, "HPCAI_JOB_STATE": state}) is starts
 
 
 def test_one_kernel_per_job_claims_the_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
-    assert [listing.claim_kernel_start("41"), listing.claim_kernel_start("41"), listing.claim_kernel_start("42")] \
-        == [True, False, True]
-    assert (tmp_path / "ipython" / "profile_default" / "hpcai-ranks").stat().st_mode & 0o077 == 0
+    first, second = tmp_path / "jobs" / "41", tmp_path / "jobs" / "42"
+    first.mkdir(parents=True)
+    second.mkdir()
+    claims = []
+    for folder in (first, first, second):
+        monkeypatch.setenv("HPCAI_JOB_STATE", str(folder))
+        claims.append(listing.claim_kernel_start())
+    assert claims == [True, False, True]
+
+
+def _job_env(tmp_path: Path, setting: str) -> dict[str, str]:
+    """What the hub's batch script exports for the warm start: the setting and the job's private folder."""
+    state = tmp_path / "job-state"
+    state.mkdir(mode=0o700, parents=True)
+    return {"HPCAI_START_ENGINES": setting, "HPCAI_JOB_STATE": str(state)}
 
 
 FIRST_CELL = "%%torchrun --output collapse\nprint('rank', rank, 'of', world_size, dist.is_initialized())"
@@ -65,7 +78,7 @@ def test_engines_start_with_the_kernel_and_not_when_the_setting_is_off(devcluste
     took: dict[str, list[float]] = {"on": [], "off": []}
     for i, mode in enumerate(("off", "on", "on", "off")):
         submitted = time.monotonic()
-        with kernel_in_job(torch_env, tmp_path / str(i), environ={"HPCAI_START_ENGINES": "1" if mode == "on" else "0"}) as kernel:
+        with kernel_in_job(torch_env, tmp_path / str(i), environ=_job_env(tmp_path / str(i), "1" if mode == "on" else "0")) as kernel:
             loaded = kernel.run("import sys; 'jupyter_hpcai.magics' in sys.modules").result
             assert loaded == str(mode == "on"), (mode, loaded)  # off: nothing can have started them
             if mode == "off":

@@ -55,7 +55,8 @@ class Engines:
         self._starting = threading.Lock()  # one start at a time (the panel's waits in a thread)
         self._running_cell = threading.RLock()  # shrink and grow wait for the cell; joins never
         self._background: threading.Thread | None = None  # a start in a thread: the one with the kernel (warm.py)
-        self.background_error: HPCAIError | None = None  # why it failed, told to the next cell
+        self.background_error: HPCAIError | None = None  # why it failed, told to the next cell that can say it
+        self._telling = threading.Lock()  # one thread tells that failure
         self.started_with_kernel = False  # the running engines are the background start's (until a stop)
         if allocation is None:  # outside a job nothing would stop them: they go with the kernel (ipyparallel's atexit)
             atexit.register(lambda: self.set.remove_folder() if self.set else None)
@@ -63,7 +64,13 @@ class Engines:
     # --- state, for the panel and the magics --------------------------------------------------------------
     @property
     def running(self) -> bool:
-        return self.set is not None and self.set.client is not None
+        """Engines are up (never while a start in the background is under way: its client is that thread's)."""
+        return self.set is not None and self.set.client is not None and not self.starting_in_background
+
+    @property
+    def starting_in_background(self) -> bool:
+        thread = self._background
+        return thread is not None and thread.is_alive() and thread is not threading.current_thread()
 
     @property
     def ranks(self) -> list[Rank]:
@@ -151,6 +158,8 @@ class Engines:
             # in stays for the next start (%hpc stop releases it), as the engines' failure is no reason to lose it
             self.stop(release=self.own_job is not None and not self.own_job.entered)
             raise
+        if self._background is None or threading.current_thread() is not self._background:
+            self.background_error = None  # a start of the user's worked: the background's failure is old news
         self._set_state("running")
         return self.ranks
 
@@ -170,7 +179,8 @@ class Engines:
         self._background.start()
 
     def await_background(self, write: Write | None = None) -> None:
-        """Wait for a start in the background (``write`` says so first); a failed one is said and forgotten."""
+        """Wait for a start in the background (``write`` says so first). Its failure is said by the first caller
+        with a ``write`` (then forgotten), or forgotten at the next start that works."""
         thread = self._background
         if thread is None or thread is threading.current_thread():
             return
@@ -178,8 +188,9 @@ class Engines:
             write("hpcai: waiting for the engines that are starting with this kernel\n")
         thread.join()
         self._background = None
-        if self.background_error is not None and write:
-            err, self.background_error = self.background_error, None
+        with self._telling:
+            err, self.background_error = (self.background_error, None) if write else (None, self.background_error)
+        if err is not None and write:
             write(f"hpcai: the engines that started with this kernel failed: {err.message}; starting them now\n")
 
     def check_request(self, ask: own_job.Request, launcher: str | None) -> None:
@@ -225,6 +236,7 @@ class Engines:
     def attach(self, cluster_id: str | None = None, timeout: float = 30) -> list[Rank]:
         """Use engines that are running in this job already (an earlier kernel's, or another notebook's), with
         everything defined on the ranks: ``cluster_id``, else the only set no kernel uses, else the only set."""
+        self.await_background()
         if self.set is not None:
             raise HPCAIError("this kernel has engines already", "use them, or %hpc stop them first")
         self.set = found = RunningSet.attach(self.job, cluster_id, timeout)
@@ -280,7 +292,7 @@ class Engines:
     def take_joined(self) -> bool:
         """A grown job's ranks join the world once all of them registered (the world re-forms); never while a
         cell runs (the next cell, or the next look, takes them)."""
-        if self.set is None or not self._running_cell.acquire(blocking=False):
+        if self.set is None or self.starting_in_background or not self._running_cell.acquire(blocking=False):
             return False
         try:
             joined = membership.take_joined(self.set)
@@ -305,7 +317,8 @@ class Engines:
 
     # --- what the ranks are doing -------------------------------------------------------------------------
     def running_set(self) -> RunningSet:
-        """The set that runs, or the error that says to start one."""
+        """The set that runs (once a start in the background is done), or the error that says to start one."""
+        self.await_background()
         if not self.running:
             raise HPCAIError("no engines are running", "start them: %hpc start")
         assert self.set is not None

@@ -33,7 +33,7 @@ def create_set_folder(profile_dir: Path, cluster_id: str) -> Path:
     path = set_folder(profile_dir, cluster_id)
     for folder in reversed([path, *path.parents]):
         if not folder.exists():
-            folder.mkdir(mode=0o700)
+            folder.mkdir(mode=0o700, exist_ok=True)  # another kernel's start may make it at the same moment
     return path
 
 
@@ -255,17 +255,13 @@ def list_engine_sets(job: str | None = None, connect_timeout: float = 2.0) -> li
     return sets
 
 
-def claim_kernel_start(job: str) -> bool:
-    """True for the first caller in Slurm job ``job`` only: the kernel that starts the job's engines with itself
-    (warm.py). A file made exclusively in the sets' folder of the default profile, left there for the job's life."""
-    from IPython.paths import get_ipython_dir
 
-    folder = Path(get_ipython_dir()) / "profile_default" / SET_FOLDERS
-    for path in reversed([folder, *folder.parents]):
-        if not path.exists():
-            path.mkdir(mode=0o700)
+def claim_kernel_start() -> bool:
+    """True for the first caller in this notebook job only: the kernel that starts the job's engines with itself
+    (warm.py). A file made exclusively in the job's private folder, which the job's end removes."""
     try:
-        os.close(os.open(folder / f"started-with-kernel-{job}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        os.close(os.open(Path(os.environ[JOB_STATE_VAR]) / "started-with-kernel",
+                         os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600))
     except FileExistsError:
         return False
     return True
