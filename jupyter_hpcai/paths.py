@@ -44,7 +44,7 @@ def site_config() -> dict[str, Any]:
         return {}
     except (OSError, tomllib.TOMLDecodeError) as err:
         raise HPCAIError(f"cannot read the site config {path}: {err}",
-                         "fix its TOML syntax, or ask the admins (see README: site environments)") from None
+                         "fix its TOML syntax, or ask the admins (see docs/howto/site-envs.md)") from None
 
 
 def site_env_roots() -> list[Path]:
