@@ -217,18 +217,24 @@ SAMPLES = ("[(s.rank, s.cpu, s.rate, max(s.cpu_history), s.gpu_util, s.rss, s.fr
            "s.gpu_mem, s.gpu_note) for s in E.current().samples()]")
 
 
-def test_telemetry_moves_under_load_goes_quiet_at_rest_and_flags_a_straggler(world: JobKernel) -> None:
-    """Every rank samples itself every 2 s (telemetry.py). At rest: little CPU and no rate. Under load (every
-    rank reports its steps, rank 1 slowed on purpose): CPU rises, the rates show and rank 1 is the straggler, in
-    the samples and in %hpc top's live table. At rest again: CPU falls, the rate is 0. No framework on these
-    ranks: Horovod's background thread alone keeps an idle rank near 30 % of a core here. The GPU columns read what
-    nvidia-smi reads for each rank's own device: blank, with the reason, for the dev cluster's fake GPUs on a
-    machine without real ones."""
-    assert world.run("%hpc start --framework none").status == "ok"
-    world.run("import time\ntime.sleep(5)")
+def test_telemetry_moves_under_load_goes_quiet_at_rest_and_flags_a_straggler(world: JobKernel,
+                                                                             bench: list[str]) -> None:
+    """Every rank samples itself every 2 s (telemetry.py). At rest, Horovod initialised (over Gloo, the default):
+    little CPU and no rate. Under load (every rank reports its steps, rank 1 slowed on purpose): CPU rises, the
+    rates show and rank 1 is the straggler, in the samples and in %hpc top's live table. At rest again: CPU
+    falls, the rate is 0. The GPU columns read what nvidia-smi reads for each rank's own device: blank, with the
+    reason, for the dev cluster's fake GPUs on a machine without real ones."""
+    assert world.run("%hpc start").status == "ok"
+    assert world.run("%%horovod_run\nhvd.size()").status == "ok"  # initialised on every rank
+    world.run("import time\ntime.sleep(7)")
     rest = eval(world.run(SAMPLES).result)  # noqa: S307 - our own kernel's repr
     assert [s[0] for s in rest] == [0, 1, 2, 3] and all(s[6] for s in rest), rest
+    # the target is 5 % of a core; the bound leaves room for the noise of 4 ranks on 2 shared cores (Horovod over
+    # MPI kept an idle rank near 30 %)
     assert all(s[1] < 15 and s[2] is None and s[5] > 10 * 2**20 for s in rest), rest
+    bench.append("idle engines, Horovod initialised (Gloo controller, Horovod's 1 ms cycle), 4 ranks on 2 nodes: "
+                 f"CPU % of a core per rank at rest {', '.join(f'{s[1]:.1f}' for s in rest)} (target <= 5; "
+                 "the ranks' own 2 s telemetry samples)")
     devices = dict(eval(world.run("[(r.rank, r.gpu) for r in E.current().status()]").result))  # noqa: S307
     for s in rest:
         check_reading(s[4], s[8], s[9], devices[s[0]])
@@ -251,7 +257,6 @@ def test_telemetry_moves_under_load_goes_quiet_at_rest_and_flags_a_straggler(wor
     assert all(s[1] < 15 and s[2] == 0.0 for s in quiet), quiet
     live = world.run("%hpc top --for 5\ntime.sleep(4.5)")  # the table updates in place while the cell waits
     assert len(live.displays) >= 2 and all("rank" in d for d in live.displays), live.displays
-    assert world.run("%hpc start").status == "ok"  # Horovod at boot again, for the tests after this one
 
 
 def test_killed_rank_is_reported_and_kernel_survives(world: JobKernel) -> None:
