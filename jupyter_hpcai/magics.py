@@ -91,10 +91,10 @@ Engines = engines_api.Engines
 
 
 def _start(engines: Engines, args: argparse.Namespace) -> None:
-    if engines.started_with_kernel and _asks_the_default(args):  # they are starting, or running: no second start
+    if engines.started_in_background and _asks_the_default(args):  # they are starting, or running: no second start
         engines.await_background(write=_print_now)
         if engines.running:
-            print(f"{len(engines.ranks)} engines ready, started with this kernel ({engines.layout.launcher})"  # type: ignore[union-attr]
+            print(f"{len(engines.ranks)} engines ready, started in the background ({engines.layout.launcher})"  # type: ignore[union-attr]
                   + (f"; {engines.warm} initialised on every rank" if engines.warm else "") + ":")
             _print_ranks(engines.ranks)
             return

@@ -25,8 +25,10 @@ def _script(start_engines: bool) -> str:
 
 
 def test_the_profile_setting_reaches_the_job() -> None:
-    assert "\nexport HPCAI_START_ENGINES=1\n" in _script(True)
-    assert "\nexport HPCAI_START_ENGINES=0\n" in _script(False)  # the default: off
+    on, off = _script(True), _script(False)
+    assert "\nexport HPCAI_START_ENGINES=1\n" in on and "\nexport HPCAI_START_ENGINES=0\n" in off  # the default: off
+    starter = '"$(dirname "$(command -v batchspawner-singleuser)")"/python -m jupyter_hpcai.engines.warm &\n'
+    assert on.index("server=$!") < on.index(starter) and starter not in off  # beside the server, only when asked
 
 
 def _allocation(nodes: int, gpus: int) -> Allocation:
@@ -53,10 +55,11 @@ def test_one_kernel_per_job_claims_the_start(tmp_path: Path, monkeypatch: pytest
     first.mkdir(parents=True)
     second.mkdir()
     claims = []
-    for folder in (first, first, second):
+    for folder, name in ((first, "engines-taken"), (first, "engines-taken"), (first, "engines-started"),
+                         (second, "engines-taken")):
         monkeypatch.setenv("HPCAI_JOB_STATE", str(folder))
-        claims.append(listing.claim_kernel_start())
-    assert claims == [True, False, True]
+        claims.append(listing.claim(name))
+    assert claims == [True, False, True, True]
 
 
 def _job_env(tmp_path: Path, setting: str) -> dict[str, str]:
@@ -70,17 +73,22 @@ FIRST_CELL = "%%torchrun --output collapse\nprint('rank', rank, 'of', world_size
 
 
 @pytest.mark.slow
-def test_engines_start_with_the_kernel_and_not_when_the_setting_is_off(devcluster, torch_env, tmp_path: Path,  # type: ignore[no-untyped-def]
-                                                                        bench: list[str]) -> None:
-    """Kernels in 2 x 2 jobs, the setting on and off (alternating, twice each): the same first cells, timed from the
-    job's submission to the first rank's output. On: the extension came with the kernel and the engines run
-    without %hpc start, and a plain %hpc start uses them; off: nothing loaded, nothing started."""
-    took: dict[str, list[float]] = {"on": [], "off": []}
-    for i, mode in enumerate(("off", "on", "on", "off")):
+def test_engines_start_in_the_background_and_not_when_the_setting_is_off(devcluster, torch_env, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                                         bench: list[str]) -> None:
+    """Kernels in 2 x 2 jobs (alternating, twice each): the setting off; on, the engines started by the first
+    kernel (a job without the script's starter); on, started by the job beside the kernel, as the hub's script
+    does, and taken by the kernel. The same first cells, timed from the job's submission to the first rank's
+    output. On: the extension came with the kernel, the engines run without %hpc start, a plain %hpc start uses
+    them; off: nothing loaded, nothing started."""
+    starter = f"{torch_env.current_link}/bin/python -m jupyter_hpcai.engines.warm --in-env"
+    took: dict[str, list[float]] = {"off": [], "kernel": [], "job": []}
+    for i, mode in enumerate(("off", "kernel", "job", "job", "kernel", "off")):
+        work = tmp_path / str(i)
         submitted = time.monotonic()
-        with kernel_in_job(torch_env, tmp_path / str(i), environ=_job_env(tmp_path / str(i), "1" if mode == "on" else "0")) as kernel:
+        with kernel_in_job(torch_env, work, environ=_job_env(work, "0" if mode == "off" else "1"),
+                           beside=starter if mode == "job" else "") as kernel:
             loaded = kernel.run("import sys; 'jupyter_hpcai.magics' in sys.modules").result
-            assert loaded == str(mode == "on"), (mode, loaded)  # off: nothing can have started them
+            assert loaded == str(mode != "off"), (mode, loaded)  # off: nothing can have started them
             if mode == "off":
                 assert listing.job_sets(str(kernel.job_id)) == []
             kernel.run("%load_ext jupyter_hpcai")
@@ -88,14 +96,16 @@ def test_engines_start_with_the_kernel_and_not_when_the_setting_is_off(devcluste
             took[mode].append(time.monotonic() - submitted)
             assert cell.status == "ok", cell.error
             assert "of 4 True" in cell.stdout, cell.stdout
-            started = kernel.run("import jupyter_hpcai.engines as e; e.current().started_with_kernel").result
-            assert started == str(mode == "on"), (mode, started, cell.stdout)
-            if mode == "on" and i == 1:
+            started = kernel.run("import jupyter_hpcai.engines as e; e.current().started_in_background").result
+            assert started == str(mode != "off"), (mode, started, cell.stdout)
+            if mode != "off" and i < 3:
                 said = kernel.run("%hpc start").stdout  # a plain start uses them: no second start
-                assert "4 engines ready, started with this kernel" in said, said
-                assert len(listing.job_sets(str(kernel.job_id))) == 1
-    on, off = statistics.median(took["on"]), statistics.median(took["off"])
-    bench.append(f"engines with the kernel (2 x 2 job, torch env; sbatch -> first %%torchrun output, the cell sent as "
-                 f"soon as the kernel answers): on {on:.1f} s, off {off:.1f} s, on/off {on / off:.2f} (medians of 2, "
-                 f"alternating; on: {', '.join(f'{t:.1f}' for t in took['on'])}; off: "
-                 f"{', '.join(f'{t:.1f}' for t in took['off'])})")
+                assert "4 engines ready, started in the background" in said, said
+            assert len(listing.job_sets(str(kernel.job_id))) == 1
+        log = (work / "job.out").read_text()
+        assert ("engines started with the job" in log) is (mode == "job"), log[-2000:]
+    median = {mode: statistics.median(times) for mode, times in took.items()}
+    bench.append(f"engines in the background (2 x 2 job, torch env; sbatch -> first %%torchrun output, the cell sent "
+                 f"as soon as the kernel answers; medians of 2, alternating): started with the job {median['job']:.1f} s, "
+                 f"by the kernel {median['kernel']:.1f} s, off {median['off']:.1f} s; with the job / off "
+                 f"{median['job'] / median['off']:.2f}, by the kernel / off {median['kernel'] / median['off']:.2f}")

@@ -57,7 +57,7 @@ class Engines:
         self._background: threading.Thread | None = None  # a start in a thread: the one with the kernel (warm.py)
         self.background_error: HPCAIError | None = None  # why it failed, told to the next cell that can say it
         self._telling = threading.Lock()  # one thread tells that failure
-        self.started_with_kernel = False  # the running engines are the background start's (until a stop)
+        self.started_in_background = False  # the running engines are the background start's (until a stop)
         if allocation is None:  # outside a job nothing would stop them: they go with the kernel (ipyparallel's atexit)
             atexit.register(lambda: self.set.remove_folder() if self.set else None)
 
@@ -163,18 +163,19 @@ class Engines:
         self._set_state("running")
         return self.ranks
 
-    def start_in_background(self, **start: Any) -> None:
-        """``start(**start)`` in a thread, the kernel going on meanwhile; cells and ``start`` wait for it, and a
-        failure is kept in ``background_error`` for the next cell to tell (the kernel has no cell to show it)."""
+    def in_background(self, start: Callable[[], object]) -> None:
+        """``start()`` (a start, or an attach) in a thread, the kernel going on meanwhile; cells and ``start`` wait
+        for it, and a failure is kept in ``background_error`` for the next cell to tell (the kernel has no cell to
+        show it)."""
         def starting() -> None:
             try:
-                self.start(**start)
+                start()
             except HPCAIError as err:
                 self.background_error = err
             except Exception as err:  # any other: a thread's exception would only reach the kernel's log
                 self.background_error = HPCAIError(f"{type(err).__name__}: {err}")
 
-        self.background_error, self.started_with_kernel = None, True
+        self.background_error, self.started_in_background = None, True
         self._background = threading.Thread(target=starting, name="hpcai-background-start", daemon=True)
         self._background.start()
 
@@ -185,13 +186,13 @@ class Engines:
         if thread is None or thread is threading.current_thread():
             return
         if thread.is_alive() and write:
-            write("hpcai: waiting for the engines that are starting with this kernel\n")
+            write("hpcai: waiting for the engines that are starting in the background\n")
         thread.join()
         self._background = None
         with self._telling:
             err, self.background_error = (self.background_error, None) if write else (None, self.background_error)
         if err is not None and write:
-            write(f"hpcai: the engines that started with this kernel failed: {err.message}; starting them now\n")
+            write(f"hpcai: the engines that started in the background failed: {err.message}; starting them now\n")
 
     def check_request(self, ask: own_job.Request, launcher: str | None) -> None:
         """An allocation may be asked for outside any job, once, for ranks that srun starts."""
@@ -249,7 +250,7 @@ class Engines:
         Harmless when nothing runs; a start in the background finishes first."""
         self.await_background()
         if self._background is None:  # a stop of the user's, not the one the background start begins with
-            self.started_with_kernel = False
+            self.started_in_background = False
         running, self.set = self.set, None
         self.warm = None  # a restart after this starts cold, as the first cell after a lost world does
         if running is not None:

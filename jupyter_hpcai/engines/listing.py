@@ -256,12 +256,13 @@ def list_engine_sets(job: str | None = None, connect_timeout: float = 2.0) -> li
 
 
 
-def claim_kernel_start() -> bool:
-    """True for the first caller in this notebook job only: the kernel that starts the job's engines with itself
-    (warm.py). A file made exclusively in the job's private folder, which the job's end removes."""
+
+def claim(name: str) -> bool:
+    """True for the first caller in this notebook job only: a file ``name`` made exclusively in the job's private
+    folder, which the job's end removes (warm.py's claims)."""
     try:
-        os.close(os.open(Path(os.environ[JOB_STATE_VAR]) / "started-with-kernel",
-                         os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600))
+        os.close(os.open(Path(os.environ[JOB_STATE_VAR]) / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW,
+                         0o600))
     except FileExistsError:
         return False
     return True

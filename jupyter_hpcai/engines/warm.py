@@ -1,22 +1,34 @@
-"""Engines that start with the first kernel of a multi-GPU job, in the background, so that the first distributed
-cell finds them ready (the profile's ``start_engines``: the job exports HPCAI_START_ENGINES=1, the provisioner
-loads the extension with the kernel, and the extension calls ``start_with_kernel``).
+"""Engines that start in the background when a notebook job starts, so that the first distributed cell finds them
+ready (the profile's ``start_engines``: the job exports HPCAI_START_ENGINES=1).
 
-One kernel per notebook job starts them: the first to claim it in the job's private folder (HPCAI_JOB_STATE,
-which the hub's batch script makes; listing.claim_kernel_start). Another kernel of the job starts nothing
-(``%hpc attach`` uses the running engines); a kernel restarted later neither, as the engines of the one before
-outlive it in the job.
+Two processes of the job take part, agreeing through files made exclusively in the job's private folder
+(HPCAI_JOB_STATE, which the hub's batch script makes and removes):
+
+- the job script runs ``python -m jupyter_hpcai.engines.warm`` beside the server: it claims ``engines-started``,
+  starts one engine per GPU in the job's env (the env's framework initialised on each), and leaves them running;
+- the provisioner loads the extension with each kernel; the first kernel to claim ``engines-taken`` uses them:
+  it attaches once they registered, or, if nothing claimed ``engines-started`` yet (a job without that script
+  line), starts them itself. Either way in a thread: the kernel answers meanwhile, and cells wait for it.
+
+Another kernel of the job starts nothing (``%hpc attach`` uses the running engines); a kernel restarted later
+neither, as the engines of the one before outlive it in the job.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 
-from ..allocation import JOB_STATE_VAR
+from ..allocation import JOB_STATE_VAR, Allocation
 from ..contract import START_ENGINES
+from ..errors import HPCAIError
+from ..proc import wait_until
 from .engines import Engines
-from .listing import claim_kernel_start
+from .listing import claim, job_sets
+
+STARTED, TAKEN = "engines-started", "engines-taken"  # the claims, in the job's private folder
 
 
 def wanted(engines: Engines, environ: Mapping[str, str] = os.environ) -> bool:
@@ -27,9 +39,51 @@ def wanted(engines: Engines, environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def start_with_kernel(engines: Engines) -> bool:
-    """Start one engine per GPU of the job in the background, the env's framework initialised on each, if this is
-    the job's first kernel and the job asked for it. Whether it started them."""
-    if not wanted(engines) or not claim_kernel_start():
+    """In the job's first kernel: take the engines the job started (attach once they registered), or start them.
+    Whether this kernel took them."""
+    if not wanted(engines) or not claim(TAKEN):
         return False
-    engines.start_in_background(framework="auto")
+    if claim(STARTED):
+        engines.in_background(lambda: engines.start(framework="auto"))
+    else:
+        engines.in_background(lambda: _attach_when_registered(engines))
     return True
+
+
+def _attach_when_registered(engines: Engines, timeout: float = 300) -> None:
+    """Attach to the set the job's script starts, once every rank registered; an error if it gave up."""
+    claimed = Path(os.environ[JOB_STATE_VAR]) / STARTED
+
+    def registered() -> bool:
+        if not claimed.exists():
+            raise HPCAIError("the engines that started with the job failed (its log says why)")
+        return any(s.running and s.table.get("ranks") for s in job_sets(engines.job))
+
+    wait_until(registered, timeout=timeout, what="the engines that started with the job")
+    engines.attach()
+
+
+def start_with_job() -> None:
+    """``python -m jupyter_hpcai.engines.warm`` (the job script): in the job's env, start the engines and leave
+    them to the first kernel; from the server's python, the same again inside the env (HPCAI_ENV)."""
+    if "--in-env" not in sys.argv:
+        from ..envs import EnvStore
+
+        env = EnvStore().get(os.environ["HPCAI_ENV"])
+        argv = env.argv([env.python, "-m", "jupyter_hpcai.engines.warm", "--in-env"])
+        os.execve(argv[0], argv, env.environ())
+    engines = Engines(Allocation.current())
+    if not wanted(engines) or not claim(STARTED):
+        return
+    try:
+        ranks = engines.start(framework="auto")
+    except HPCAIError as err:
+        Path(os.environ[JOB_STATE_VAR], STARTED).unlink(missing_ok=True)  # the kernel stops waiting, and says so
+        print(f"hpcai: the engines that start with the job failed: {err.message} ({err.hint})", flush=True)
+        raise SystemExit(1) from None
+    print(f"hpcai: {len(ranks)} engines started with the job ({engines.warm or 'no framework'}), "
+          "for its first kernel", flush=True)
+
+
+if __name__ == "__main__":
+    start_with_job()

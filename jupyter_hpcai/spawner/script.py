@@ -41,12 +41,16 @@ trap hpcai_job_end EXIT
 {signal_trap}mkdir -p -m 700 {state} "$HPCAI_JOB_STATE"
 {cmd} &
 server=$!
-while true; do
+{warm}while true; do
   status=0
   wait "$server" || status=$?
   kill -0 "$server" 2>/dev/null || break
 done
 {epilogue}exit "$status"
+"""
+# The profile's start_engines: the engines start beside the server, in the job's env, for the first kernel to take
+# (engines/warm.py), with the python that runs the server.
+WARM = """"$(dirname "$(command -v {server})")"/python -m jupyter_hpcai.engines.warm &
 """
 # The walltime guard: the trap writes the time of Slurm's signal down in the job's folder.
 SIGNAL_TRAP = """# Slurm signals this shell {warning} s before the walltime (--signal=B:USR1@{warning}).
@@ -81,6 +85,7 @@ def render(options: SpawnOptions, profile: Profile, *, user: str, homedir: str, 
     warning = min(walltime_warning, options.walltime_seconds // 2)
     run = SUPERVISED.format(state=shlex.quote(f"{homedir}/{JOB_STATE}"), cmd=shlex.join(cmd),
                             signal_trap=SIGNAL_TRAP.format(warning=warning) if warning else "",
+                            warm=WARM.format(server=shlex.quote(cmd[0])) if profile.start_engines else "",
                             epilogue=f"{epilogue}\n" if epilogue else "")
     body = BODY.format(prune=PRUNE.format(logdir=shlex.quote(logdir), days=int(log_days)) if log_days else "",
                        environment=shlex.quote(options.environment), start_engines=int(profile.start_engines),

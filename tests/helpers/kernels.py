@@ -85,14 +85,16 @@ def job_node_address(job: int) -> str:
 
 @contextmanager
 def kernel_in_job(env: EnvDir, work: Path, sbatch_args: tuple[str, ...] = ("-N2", "--ntasks-per-node=2", "--gpus-per-node=2"),
-                  environ: dict[str, str] | None = None) -> Iterator[JobKernel]:
+                  environ: dict[str, str] | None = None, beside: str = "") -> Iterator[JobKernel]:
     """A notebook kernel in ``env`` (through the hpcai-env provisioner), inside a dev-cluster job (the job's
-    environment: this process's, updated with ``environ``)."""
+    environment: this process's, updated with ``environ``); ``beside``: a command the job starts first, in the
+    background (as a notebook job's script starts its engines beside the server)."""
     from jupyter_hpcai import slurm
 
     connection = work / "kernel.json"
     job = slurm.sbatch([*sbatch_args, "--time=00:45:00", f"--output={work}/job.out",
-                        "--wrap", f"{_kernel_command(env, work, connection)} --KernelManager.ip={NODE_ADDRESS}"],
+                        "--wrap", f"{beside + ' & ' if beside else ''}"
+                                  f"{_kernel_command(env, work, connection)} --KernelManager.ip={NODE_ADDRESS}"],
                        env={**os.environ, **(environ or {}), "JUPYTER_PATH": str(work / "share" / "jupyter")})
     try:
         with _connected(connection, lambda: job) as kernel:
