@@ -5,7 +5,8 @@ Two processes of the job take part, agreeing through files made exclusively in t
 (HPCAI_JOB_STATE, which the hub's batch script makes and removes):
 
 - the job script runs ``python -m jupyter_hpcai.engines.warm`` beside the server: it claims ``engines-started``,
-  starts one engine per GPU in the job's env (the env's framework initialised on each), and leaves them running;
+  starts one engine per GPU in the job's env, waits until the env's framework is initialised on each (the world's
+  rendezvous lives in this process until then), and leaves them running;
 - the provisioner loads the extension with each kernel; the first kernel to claim ``engines-taken`` uses them:
   it attaches once they registered, or, if nothing claimed ``engines-started`` yet (a job without that script
   line), starts them itself. Either way in a thread: the kernel answers meanwhile, and cells wait for it.
@@ -77,6 +78,8 @@ def start_with_job() -> None:
         return
     try:
         ranks = engines.start(framework="auto")
+        if engines.warm:  # ready on every rank before this process, which holds its rendezvous (Horovod's), ends
+            engines.run("None", framework=engines.warm, output="rank0", write=lambda _: None)
     except HPCAIError as err:
         Path(os.environ[JOB_STATE_VAR], STARTED).unlink(missing_ok=True)  # the kernel stops waiting, and says so
         print(f"hpcai: the engines that start with the job failed: {err.message} ({err.hint})", flush=True)
