@@ -1,6 +1,6 @@
 """From the spawn form's Start to the first line a rank prints, as a new user meets it in the browser: the demo's
 2 x 2 profile, a notebook JupyterLab opens at the spawn, its cells run as soon as the kernel is idle. The engines
-start with the kernel (the profile's start_engines) against a hub whose profile leaves them to the first cell,
+start with the job (the profile's start_engines) against a hub whose profile leaves them to the first cell,
 alternating; each phase is timed from the click (Slurm's times for the queue, the rank table's for the engines)."""
 
 from __future__ import annotations
@@ -89,14 +89,14 @@ def test_start_to_the_first_rank_output_in_the_browser(devcluster, tf_env, tmp_p
     kernelspec.install(open_env(tf_env), prefix=sys.prefix)  # what `hpcai demo` installs for the hub's servers
     as_user(USER, sys.executable, "-c", f"import os; open(os.path.expanduser('~/{NOTEBOOK}'), 'w').write({_notebook()!r})")
     hubs = {mode: Hub(tmp_path / mode, environ={"HPCAI_DEMO_NOTEBOOK": NOTEBOOK, "HPCAI_DEMO_START_ENGINES": flag})
-            for mode, flag in (("with the kernel", "1"), ("at the first cell", "0"))}
+            for mode, flag in (("with the job", "1"), ("at the first cell", "0"))}
     runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in hubs}
     try:
         for hub in hubs.values():
             hub.start()
             hub.api("POST", f"/users/{USER}")
         with sync_playwright() as p:
-            for mode in ("with the kernel", "at the first cell", "at the first cell", "with the kernel"):
+            for mode in ("with the job", "at the first cell", "at the first cell", "with the job"):
                 runs[mode].append(_one_start(p, hubs[mode]))
     finally:
         for hub in hubs.values():
@@ -106,10 +106,10 @@ def test_start_to_the_first_rank_output_in_the_browser(devcluster, tf_env, tmp_p
     total = {mode: statistics.median(r["first rank output"] for r in rs) for mode, rs in runs.items()}
     for mode, rs in runs.items():
         median = {phase: statistics.median(r[phase] for r in rs) for phase in PHASES}
-        # each phase after the one before it (the engines, started with the kernel, may register before it is idle)
+        # each phase after the one before it (the engines, started with the job, may register before the kernel is idle)
         assert median["job running"] <= median["JupyterLab page"] <= median["kernel idle"] < median["first rank output"]
         bench.append(f"Start -> first rank output in the browser, engines {mode} (2 x 2, tf-horovod-cpu; medians of 2, "
                      "seconds from the click): " + ", ".join(f"{phase} {at:.1f}" for phase, at in median.items()))
-    bench.append(f"Start -> first rank output: engines with the kernel / at the first cell = "
-                 f"{total['with the kernel'] / total['at the first cell']:.2f} "
-                 f"({total['with the kernel']:.1f} s / {total['at the first cell']:.1f} s, alternating)")
+    bench.append(f"Start -> first rank output: engines with the job / at the first cell = "
+                 f"{total['with the job'] / total['at the first cell']:.2f} "
+                 f"({total['with the job']:.1f} s / {total['at the first cell']:.1f} s, alternating)")
