@@ -27,8 +27,9 @@ def _script(start_engines: bool) -> str:
 def test_the_profile_setting_reaches_the_job() -> None:
     on, off = _script(True), _script(False)
     assert "\nexport HPCAI_START_ENGINES=1\n" in on and "\nexport HPCAI_START_ENGINES=0\n" in off  # the default: off
-    starter = '"$(dirname "$(command -v batchspawner-singleuser)")"/python -m jupyter_hpcai.engines.warm &\n'
+    starter = '"$hpcai_python" -m jupyter_hpcai.engines.warm & fi\n'
     assert on.index("server=$!") < on.index(starter) and starter not in off  # beside the server, only when asked
+    assert 'readlink -f "$(command -v batchspawner-singleuser)"' in on  # the python of the server's own venv
 
 
 def _allocation(nodes: int, gpus: int) -> Allocation:

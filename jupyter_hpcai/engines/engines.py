@@ -192,7 +192,7 @@ class Engines:
         with self._telling:
             err, self.background_error = (self.background_error, None) if write else (None, self.background_error)
         if err is not None and write:
-            write(f"hpcai: the engines that started in the background failed: {err.message}; starting them now\n")
+            write(f"hpcai: the engines that started in the background failed: {err.message}\n")
 
     def check_request(self, ask: own_job.Request, launcher: str | None) -> None:
         """An allocation may be asked for outside any job, once, for ranks that srun starts."""

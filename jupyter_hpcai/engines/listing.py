@@ -257,12 +257,14 @@ def list_engine_sets(job: str | None = None, connect_timeout: float = 2.0) -> li
 
 
 
-def claim(name: str) -> bool:
-    """True for the first caller in this notebook job only: a file ``name`` made exclusively in the job's private
-    folder, which the job's end removes (warm.py's claims)."""
+def claim(name: str, content: str = "") -> bool:
+    """True for the first caller in this notebook job only: a file ``name`` (holding ``content``) made exclusively
+    in the job's private folder, which the job's end removes (warm.py's claims)."""
     try:
-        os.close(os.open(Path(os.environ[JOB_STATE_VAR]) / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW,
-                         0o600))
+        fd = os.open(Path(os.environ[JOB_STATE_VAR]) / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW,
+                     0o600)
     except FileExistsError:
         return False
+    with os.fdopen(fd, "w") as f:
+        f.write(content)
     return True

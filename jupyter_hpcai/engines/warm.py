@@ -4,12 +4,14 @@ ready (the profile's ``start_engines``: the job exports HPCAI_START_ENGINES=1).
 Two processes of the job take part, agreeing through files made exclusively in the job's private folder
 (HPCAI_JOB_STATE, which the hub's batch script makes and removes):
 
-- the job script runs ``python -m jupyter_hpcai.engines.warm`` beside the server: it claims ``engines-started``,
-  starts one engine per GPU in the job's env, waits until the env's framework is initialised on each (the world's
-  rendezvous lives in this process until then), and leaves them running;
+- the job script runs ``python -m jupyter_hpcai.engines.warm`` beside the server: it claims ``engines-started``
+  (its pid in it), starts one engine per GPU in the env of the job's kernel, waits until the env's framework is
+  initialised on each (the world's rendezvous lives in this process until then), writes the set's id to
+  ``engines-ready`` and leaves the engines running; if it fails, it stops what it started and drops its claim;
 - the provisioner loads the extension with each kernel; the first kernel to claim ``engines-taken`` uses them:
-  it attaches once they registered, or, if nothing claimed ``engines-started`` yet (a job without that script
-  line), starts them itself. Either way in a thread: the kernel answers meanwhile, and cells wait for it.
+  it attaches to the set ``engines-ready`` names, or, if nothing claimed ``engines-started`` yet (a job without
+  that script line), starts them itself. Either way in a thread: the kernel answers meanwhile, and cells wait.
+  While it waits it watches the starter: a claim dropped, or its process gone, ends the wait at once.
 
 Another kernel of the job starts nothing (``%hpc attach`` uses the running engines); a kernel restarted later
 neither, as the engines of the one before outlive it in the job.
@@ -27,9 +29,9 @@ from ..contract import START_ENGINES
 from ..errors import HPCAIError
 from ..proc import wait_until
 from .engines import Engines
-from .listing import claim, job_sets
+from .listing import claim
 
-STARTED, TAKEN = "engines-started", "engines-taken"  # the claims, in the job's private folder
+STARTED, TAKEN, READY = "engines-started", "engines-taken", "engines-ready"  # in the job's private folder
 
 
 def wanted(engines: Engines, environ: Mapping[str, str] = os.environ) -> bool:
@@ -40,49 +42,80 @@ def wanted(engines: Engines, environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def start_with_kernel(engines: Engines) -> bool:
-    """In the job's first kernel: take the engines the job started (attach once they registered), or start them.
+    """In the job's first kernel: take the engines the job started (attach once they are ready), or start them.
     Whether this kernel took them."""
     if not wanted(engines) or not claim(TAKEN):
         return False
-    if claim(STARTED):
+    if claim(STARTED, str(os.getpid())):
         engines.in_background(lambda: engines.start(framework="auto"))
     else:
-        engines.in_background(lambda: _attach_when_registered(engines))
+        engines.in_background(lambda: engines.attach(_ready_set()))
     return True
 
 
-def _attach_when_registered(engines: Engines, timeout: float = 300) -> None:
-    """Attach to the set the job's script starts, once every rank registered; an error if it gave up."""
-    claimed = Path(os.environ[JOB_STATE_VAR]) / STARTED
+def _ready_set(timeout: float = 300) -> str:
+    """The id of the set the job's starter made, once it is ready; an error as soon as the starter is gone."""
+    folder = Path(os.environ[JOB_STATE_VAR])
 
-    def registered() -> bool:
-        if not claimed.exists():
-            raise HPCAIError("the engines that started with the job failed (its log says why)")
-        return any(s.running and s.table.get("ranks") for s in job_sets(engines.job))
+    def ready() -> str | None:
+        if (folder / READY).exists():
+            return (folder / READY).read_text().strip()
+        try:
+            pid = int((folder / STARTED).read_text() or 0)
+        except (OSError, ValueError):
+            pid = 0
+        if pid and not _alive(pid):
+            raise HPCAIError("the engines that start with the job failed (the job's log says why)")
+        return None
 
-    wait_until(registered, timeout=timeout, what="the engines that started with the job")
-    engines.attach()
+    return wait_until(ready, timeout=timeout, what="the engines that start with the job")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process now: not the starter
+        return False
+    return True
+
+
+def _kernel_env() -> tuple[list[str], dict[str, str]]:
+    """The argv that runs this module with --in-env in the env of the job's kernel (its kernelspec, as the
+    provisioner resolves it), and that env's environment."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    from ..envs import EnvStore
+
+    spec = KernelSpecManager().get_kernel_spec(f"hpcai-{os.environ['HPCAI_ENV'].lower()}")
+    config = spec.metadata["kernel_provisioner"]["config"]
+    store = EnvStore.at(Path(config["env_root"])) if config.get("env_root") else EnvStore()
+    env = store.get(config["env"])
+    return env.argv([env.python, "-m", "jupyter_hpcai.engines.warm", "--in-env"]), env.environ()
 
 
 def start_with_job() -> None:
-    """``python -m jupyter_hpcai.engines.warm`` (the job script): in the job's env, start the engines and leave
-    them to the first kernel; from the server's python, the same again inside the env (HPCAI_ENV)."""
+    """``python -m jupyter_hpcai.engines.warm`` (the job script): in the env of the job's kernel, start the engines
+    and leave them to the first kernel; from the server's python, the same again inside that env."""
     if "--in-env" not in sys.argv:
-        from ..envs import EnvStore
-
-        env = EnvStore().get(os.environ["HPCAI_ENV"])
-        argv = env.argv([env.python, "-m", "jupyter_hpcai.engines.warm", "--in-env"])
-        os.execve(argv[0], argv, env.environ())
+        argv, environ = _kernel_env()
+        os.execve(argv[0], argv, environ)
     engines = Engines(Allocation.current())
-    if not wanted(engines) or not claim(STARTED):
+    if not wanted(engines) or not claim(STARTED, str(os.getpid())):
         return
+    folder = Path(os.environ[JOB_STATE_VAR])
     try:
         ranks = engines.start(framework="auto")
         if engines.warm:  # ready on every rank before this process, which holds its rendezvous (Horovod's), ends
             engines.run("None", framework=engines.warm, output="rank0", write=lambda _: None)
-    except HPCAIError as err:
-        Path(os.environ[JOB_STATE_VAR], STARTED).unlink(missing_ok=True)  # the kernel stops waiting, and says so
-        print(f"hpcai: the engines that start with the job failed: {err.message} ({err.hint})", flush=True)
+        (folder / f".{READY}").write_text(engines.running_set().cluster.cluster_id)
+        os.replace(folder / f".{READY}", folder / READY)
+    except BaseException as err:
+        engines.stop()
+        (folder / STARTED).unlink(missing_ok=True)  # the kernel stops waiting, and says so
+        said = f"{err.message} ({err.hint})" if isinstance(err, HPCAIError) else f"{type(err).__name__}: {err}"
+        print(f"hpcai: the engines that start with the job failed: {said}", flush=True)
         raise SystemExit(1) from None
     print(f"hpcai: {len(ranks)} engines started with the job ({engines.warm or 'no framework'}), "
           "for its first kernel", flush=True)

@@ -50,7 +50,8 @@ done
 """
 # The profile's start_engines: the engines start beside the server, in the job's env, for the first kernel to take
 # (engines/warm.py), with the python that runs the server.
-WARM = """"$(dirname "$(command -v {server})")"/python -m jupyter_hpcai.engines.warm &
+WARM = """hpcai_python="$(dirname "$(readlink -f "$(command -v {server})")")/python"
+if [ -x "$hpcai_python" ]; then "$hpcai_python" -m jupyter_hpcai.engines.warm & fi
 """
 # The walltime guard: the trap writes the time of Slurm's signal down in the job's folder.
 SIGNAL_TRAP = """# Slurm signals this shell {warning} s before the walltime (--signal=B:USR1@{warning}).
