@@ -21,7 +21,7 @@ from jupyter_hpcai.envs import open_env
 
 NOTEBOOK = "first-output.ipynb"
 CELLS = ["%load_ext jupyter_hpcai", "%%horovod_run\nprint('first output from rank', rank, 'of', size)"]
-PHASES = ("Slurm job submitted", "job running", "JupyterLab page", "kernel idle", "engines registered",
+PHASES = ("Slurm job submitted", "job running", "JupyterLab page", "kernel idle", "engines registered or attached",
           "first rank output")
 
 
@@ -37,7 +37,7 @@ def _slurm_time(value: str) -> float:
 
 
 def _engines_registered(job: str) -> float:
-    """When the job's engine set wrote its rank table (every rank registered): its file's time."""
+    """When the job's engine set last wrote its rank table (every rank registered, or a kernel attached)."""
     found = sorted(Path(f"~{USER}").expanduser().glob(f".ipython/profile_default/hpcai-ranks/hpcai-{job}-*/ranks.json"))
     tables = [p for p in found if json.loads(p.read_text()).get("ranks")]
     return tables[0].stat().st_mtime if tables else float("nan")
