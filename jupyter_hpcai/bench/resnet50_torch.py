@@ -104,4 +104,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    from .train_torch import end_plain_launch
+
     main()
+    end_plain_launch()

@@ -6,8 +6,8 @@ rendezvous come from Slurm's variables), or ``torchrun --standalone --nproc-per-
 
 from __future__ import annotations
 
-import atexit
 import os
+import sys
 import time
 
 from .train_small import parse_args
@@ -15,9 +15,7 @@ from .train_small import parse_args
 
 def init_plain() -> None:
     """A plain launch: torchrun's variables when it set them, else (srun) RANK/WORLD_SIZE from Slurm with rank 0's
-    node and a port derived from the job id; NCCL where there is a GPU, Gloo elsewhere (as %%torchrun chooses).
-    The group ends before the interpreter does: left to the exit, Gloo's threads can abort the process
-    ("terminate called without an active exception"), and torchrun then reports the run as failed."""
+    node and a port derived from the job id; NCCL where there is a GPU, Gloo elsewhere (as %%torchrun chooses)."""
     import torch
     import torch.distributed as dist
 
@@ -29,7 +27,20 @@ def init_plain() -> None:
         os.environ.setdefault("MASTER_ADDR", node_address(expand_hostlist(os.environ["SLURM_STEP_NODELIST"])[0]))
         os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ["SLURM_JOB_ID"]) % 20000))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    atexit.register(dist.destroy_process_group)
+
+
+def end_plain_launch() -> None:
+    """The end of a plain launch's process, once its results are printed: the process group goes, then the process,
+    without C++'s static destructors. Left to the interpreter's exit, torch 2.13's Gloo transport aborts now and then
+    ("terminate called without an active exception"; destroying the group first did not stop it), and torchrun
+    then reports a run that did its work as failed."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -68,3 +79,4 @@ def main(argv: list[str] | None = None) -> float:
 
 if __name__ == "__main__":
     main()
+    end_plain_launch()
