@@ -55,14 +55,15 @@ def read_rank_table(folder: Path) -> RankTable | None:
 def live_owners(table: dict[str, Any]) -> list[int]:
     """The kernels using a set (those that started or attached to it) that still run: kernels run on the job's
     first node, as does every caller (the server, the other kernels)."""
-    return [pid for pid in table.get("owners", []) if isinstance(pid, int) and pid > 0 and _running(pid)]
+    return [pid for pid in table.get("owners", []) if isinstance(pid, int) and pid > 0 and process_alive(pid)]
 
 
 def owner_alive(table: dict[str, Any]) -> bool:
     return bool(live_owners(table))
 
 
-def _running(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs and is this user's (another user's process by now is not the one we knew)."""
     try:
         os.kill(pid, 0)
     except (ProcessLookupError, PermissionError):  # gone, or someone else's process now: not our kernel
@@ -96,7 +97,7 @@ class EngineSet:
     def running(self) -> bool:
         """Whether its controller's process is there."""
         state = (self.data.get("controller") or {}).get("state") or {}
-        return state.get("state") == "running" and isinstance(state.get("pid"), int) and _running(state["pid"])
+        return state.get("state") == "running" and isinstance(state.get("pid"), int) and process_alive(state["pid"])
 
     @property
     def attached(self) -> bool:

@@ -29,7 +29,7 @@ from ..contract import START_ENGINES
 from ..errors import HPCAIError
 from ..proc import wait_until
 from .engines import Engines
-from .listing import claim
+from .listing import claim, process_alive
 
 STARTED, TAKEN, READY = "engines-started", "engines-taken", "engines-ready"  # in the job's private folder
 
@@ -64,21 +64,11 @@ def _ready_set(timeout: float = 300) -> str:
             pid = int((folder / STARTED).read_text() or 0)
         except (OSError, ValueError):
             pid = 0
-        if pid and not _alive(pid):
+        if pid and not process_alive(pid):
             raise HPCAIError("the engines that start with the job failed (the job's log says why)")
         return None
 
     return wait_until(ready, timeout=timeout, what="the engines that start with the job")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process now: not the starter
-        return False
-    return True
 
 
 def _kernel_env() -> tuple[list[str], dict[str, str]]:
