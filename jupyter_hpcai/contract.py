@@ -36,9 +36,9 @@ _ROWS = [
              "the job's private folder ~/.hpcai/jobs/<job id>: walltime mark, engine pids; removed at the job's end"),
     Variable("HPCAI_WALLTIME_WARNING", ("job",), ("server", "kernel"),
              "seconds before the walltime at which Slurm signals the job; unset (0): no signal"),
-    Variable("HPCAI_START_ENGINES", ("job",), ("server", "kernel"),
-             "1: the job's first kernel loads the extension and starts one engine per GPU in the background "
-             "(the profile's start_engines); else 0"),
+    Variable("HPCAI_START_ENGINES", ("job",), ("job", "server", "kernel"),
+             "1 (the profile's start_engines): the job's script starts one engine per GPU beside the server, the "
+             "provisioner loads the extension with each kernel, and the first kernel takes the engines; else 0"),
     # kernel -> rank: set per engine set by RunningSet.launch (mpirun passes them with -x)
     Variable("HPCAI_NODE_ADDRS", ("kernel", "batch", "bench"), ("rank",),
              "every node's Slurm address, 'node=addr,...'; a rank finds its own by SLURMD_NODENAME (else loopback)"),
@@ -127,7 +127,7 @@ _ROWS = [
     Variable("HPCAI_DEMO_NOTEBOOK", ("cli",), ("hub",),
              "the notebook the demo hub opens JupyterLab on (hpcai demo: demo.ipynb; unset: /lab)"),
     Variable("HPCAI_DEMO_START_ENGINES", ("tests",), ("hub",),
-             "0: the demo's 2-node profile leaves the engines to the notebook (default 1: they start with the kernel)"),
+             "0: the demo's 2-node profile leaves the engines to the notebook (default 1: they start with the job)"),
     Variable("HPCAI_HUB_LOG_LEVEL", ("tests",), ("hub",), "the demo hub's log level (default INFO; the tests: DEBUG)"),
     Variable("HPCAI_JOB_STATE_INTERVAL", ("tests",), ("hub",),
              "the demo hub's job_state_interval: seconds between squeue queries (default 1; 0: per spawner)"),

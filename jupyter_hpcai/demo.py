@@ -12,9 +12,9 @@ import secrets
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor

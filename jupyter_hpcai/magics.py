@@ -116,7 +116,7 @@ def _start(engines: Engines, args: argparse.Namespace) -> None:
 
 
 def _asks_the_default(args: argparse.Namespace) -> bool:
-    """A plain ``%hpc start``: what a start with the kernel starts."""
+    """A plain ``%hpc start``: what a start in the background starts."""
     return (args.n, args.nodes, args.gpus_per_node, args.launcher, args.time, args.partition, args.account) == \
         (None,) * 7 and args.framework == "auto" and args.telemetry == telemetry.DEFAULT_INTERVAL
 
@@ -275,7 +275,7 @@ _guard: guard.WalltimeGuard | None = None
 
 
 def load(ipython: Any) -> None:
-    """The magics, the walltime guard, and the engines if the job starts them with its first kernel (once per
+    """The magics, the walltime guard, and the engines the job starts for its first kernel (warm.py; once per
     kernel)."""
     global _guard
     ipython.register_magics(HPCMagics)

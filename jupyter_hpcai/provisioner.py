@@ -45,7 +45,7 @@ class HPCAIEnvProvisioner(LocalProvisioner):  # type: ignore[misc]
             store = EnvStore.at(Path(self.env_root)) if self.env_root else EnvStore()
             env = store.get(self.env)
             cmd = list(kwargs["cmd"])
-            if (kwargs.get("env") or {}).get(START_ENGINES) == "1":  # the engines start with the kernel (warm.py)
+            if (kwargs.get("env") or {}).get(START_ENGINES) == "1":  # its first kernel takes the job's engines (warm.py)
                 cmd.append("--ext=jupyter_hpcai")
             connection = cmd[cmd.index("-f") + 1] if "-f" in cmd else None
             kwargs["cmd"] = env.argv(cmd, binds=[str(Path(connection).parent)] if connection else [])

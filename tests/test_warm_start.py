@@ -1,4 +1,4 @@
-"""Engines that start with the job's first kernel (the profile's start_engines): the job script asks for it, the
+"""Engines that start in the background (the profile's start_engines): the job script asks for it, the
 kernel in a 2-node job finds its engines running without %hpc start, and with the setting off nothing starts."""
 
 from __future__ import annotations

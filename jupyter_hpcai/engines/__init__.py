@@ -8,7 +8,7 @@ which never imports it back.
 - ``cells``: a cell on every rank, watched and streamed; ``output``: what the user sees of it;
 - ``launch``: layouts and launchers (srun / mpirun / local); ``report``: what a dead launcher said;
 - ``own_job``: an allocation of the kernel's own outside any job;
-- ``warm``: engines that start with the job's first kernel, in the background (the profile's start_engines);
+- ``warm``: engines that start with the job, beside the server, for its first kernel (the profile's start_engines);
 - ``listing``: the job's engine sets as files (the server extension reads them too);
 - ``controller``: ipyparallel's controller as its own process, tied to the kernel outside a job.
 """

@@ -256,8 +256,6 @@ def list_engine_sets(job: str | None = None, connect_timeout: float = 2.0) -> li
     return sets
 
 
-
-
 def claim(name: str, content: str = "") -> bool:
     """True for the first caller in this notebook job only: a file ``name`` (holding ``content``) made exclusively
     in the job's private folder, which the job's end removes (warm.py's claims)."""

@@ -37,8 +37,8 @@ class Profile(BaseModel):
     # The job lives on when one of its nodes fails (sbatch --no-kill): a cell run with --elastic goes on with the
     # ranks left (%%torchrun --elastic MIN); without it Slurm ends the whole job with the node.
     no_kill: bool = False
-    # The job's first kernel starts one engine per GPU in the background (engines/warm.py), so that the first
-    # distributed cell finds them ready; off: they start at %hpc start or the first distributed cell.
+    # The job starts one engine per GPU beside the server and its first kernel takes them (engines/warm.py), so that
+    # the first distributed cell finds them ready; off: they start at %hpc start or the first distributed cell.
     start_engines: bool = False
     # Extra sbatch options set by the admin (users cannot change them), e.g. ["--qos=interactive"].
     extra_sbatch: list[Annotated[str, Field(pattern=r"^--[a-z][a-z-]*(=[A-Za-z0-9_.,:=/+-]+)?$")]] = []
