@@ -147,6 +147,9 @@ def _status(engines: Engines, args: argparse.Namespace) -> None:
     if not ranks:
         print("no engines running; start them with %hpc start")
     _print_ranks(ranks)
+    world = engines.set
+    if ranks and world is not None and world.resting:
+        print(f"{world.framework} is at rest (idle engines cost less); the next cell that uses it wakes it")
 
 
 def _stacks(engines: Engines, args: argparse.Namespace) -> None:

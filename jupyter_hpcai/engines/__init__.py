@@ -9,6 +9,7 @@ which never imports it back.
 - ``launch``: layouts and launchers (srun / mpirun / local); ``report``: what a dead launcher said;
 - ``own_job``: an allocation of the kernel's own outside any job;
 - ``warm``: engines that start with the job, beside the server, for its first kernel (the profile's start_engines);
+- ``rest``: idle worlds rest (Horovod with a long cycle) until the next cell wakes them;
 - ``listing``: the job's engine sets as files (the server extension reads them too);
 - ``controller``: ipyparallel's controller as its own process, tied to the kernel outside a job.
 """

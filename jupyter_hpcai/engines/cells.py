@@ -37,18 +37,22 @@ def preflight(world: RunningSet, framework: str) -> Outcomes:
 
 
 def framework_setup(world: RunningSet, name: str, elastic: bool = False) -> Callable[[], Any] | None:
-    """What a cell's ranks run first so that ``name`` is initialised (None once it is); a re-formed world's with the
-    framework's ``reformed`` params. ``elastic``: the cell goes on after lost ranks, which the framework must allow."""
+    """What a cell's ranks run first so that ``name`` is initialised and awake (None once it is); a re-formed or
+    resting world's with the framework's ``reformed`` params. ``elastic``: the cell goes on after lost ranks, which
+    the framework must allow."""
     if name not in FRAMEWORKS:
         raise HPCAIError(f"unknown framework '{name}'", f"use one of: {', '.join(FRAMEWORKS)}")
     framework = FRAMEWORKS[name]
     if elastic and (why := framework.fixed()):
         raise HPCAIError(f"--elastic: {why}", "or run the cell without --elastic")
-    if world.framework == name:
+    world.rested()
+    if world.framework == name and not world.resting:
         return None
-    preflight(world, name)
-    params_of = framework.reformed if world.changes and framework.reformed else framework.params
-    return partial(calls.init_framework, framework, params_of(world) if params_of else {})
+    waking = world.framework == name
+    if not waking:
+        preflight(world, name)
+    params_of = framework.reformed if (world.changes or waking) and framework.reformed else framework.params
+    return partial(calls.init_framework, framework, params_of(world) if params_of else {}, waking)
 
 
 class RanksDied(Exception):
@@ -119,7 +123,7 @@ class Cell:
         setup = framework_setup(self.world, framework, self.elastic is not None) if framework else None
         if setup is not None:  # its own request: a rank that dies in it died of the framework's init
             self._request("pass", 1, None, setup, "all", initialising=framework)
-            self.world.framework = framework
+            self.world.framework, self.world.resting = framework, False
         outcomes = self._request(code, first_line, push, None, output, initialising=None)
         failed = {rank: o for rank, o in outcomes.items() if not o["ok"]}
         if failed:

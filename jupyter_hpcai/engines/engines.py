@@ -33,6 +33,7 @@ from . import listing, membership, own_job
 from .cells import CONTINUITY, Cell, Outcomes
 from .launch import Layout, plan
 from .output import Write
+from .rest import Rest, rest_after
 from .running_set import Progress, Rank, RunningSet, command
 
 State = Literal["stopped", "pending", "starting", "running", "restarting", "stopping"]
@@ -58,6 +59,7 @@ class Engines:
         self.background_error: HPCAIError | None = None  # why it failed, told to the next cell that can say it
         self._telling = threading.Lock()  # one thread tells that failure
         self.started_in_background = False  # the running engines are the background start's (until a stop)
+        self.rest = Rest(self._running_cell, lambda: self.set if self.running else None, rest_after())
         if allocation is None:  # outside a job nothing would stop them: they go with the kernel (ipyparallel's atexit)
             atexit.register(lambda: self.set.remove_folder() if self.set else None)
 
@@ -83,6 +85,8 @@ class Engines:
 
     def _set_state(self, state: State) -> None:
         self.state = state
+        if state == "running":
+            self.rest.used()
         for listener in list(self._listeners):
             listener(self)
 
@@ -369,7 +373,10 @@ class Engines:
                 self.start(framework=framework)
             self.take_joined()
             cell = Cell(self.running_set(), write, timeout, lost=lambda: self.stop(release=False), elastic=elastic)
-            return cell.run(code, framework, output, push, first_line)
+            try:
+                return cell.run(code, framework, output, push, first_line)
+            finally:
+                self.rest.used()
 
     def checkpoint(self, directory: str | None = None, *, pending_only: bool = False, timeout: float | None = None,
                    write: Write | None = None) -> Outcomes:

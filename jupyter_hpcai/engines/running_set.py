@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -139,6 +140,8 @@ class RunningSet:
     removed: set[int] = field(default_factory=set)  # engine ids stopped or lost: never taken back
     changes: int = 0  # re-formings of the world since it started
     services: dict[str, Any] = field(default_factory=dict)  # kept for the world by its framework (a rendezvous)
+    resting: bool = False  # its framework initialised in the form that costs less while idle (rest.py)
+    rest_request: Any = None  # the request that put it to rest, until the world wakes
 
     @classmethod
     def prepare(cls, allocation: Allocation | None, job: str, layout: Layout, warm: str | None, timeout: float,
@@ -247,7 +250,8 @@ class RunningSet:
         self = cls(cluster, client, found.folder, Layout(**found.table["layout"]), found.table.get("warm"),
                    found.table.get("telemetry_interval", telemetry.DEFAULT_INTERVAL))
         _, frameworks = self._read_ranks()
-        self.framework = frameworks.pop() if len(frameworks) == 1 else None  # initialised on every rank
+        # initialised on every rank (and resting or not, alike)
+        self.framework, self.resting = frameworks.pop() if len(frameworks) == 1 else (None, False)
         self.grown = {job: Grown(*counts) for job, counts in found.table.get("grown", {}).items()}
         self.changes = 1  # the launch's rendezvous (Horovod's) lived in the kernel that started the set
         self.write_rank_table(owners=listing.live_owners(found.table))
@@ -305,9 +309,9 @@ class RunningSet:
             dial = "(no connection file yet)"
         return f"the controller listens on {self.listens}; the ranks dial {dial}"
 
-    def _read_ranks(self) -> tuple[list[dict[str, float]], set[str | None]]:
+    def _read_ranks(self) -> tuple[list[dict[str, float]], set[tuple[str | None, bool]]]:
         """One round trip: who each engine is and the versions the preflight compares (kept), each rank's boot
-        timeline and the frameworks the ranks initialised (returned)."""
+        timeline and the frameworks the ranks initialised, each resting or not (returned)."""
         ids = list(self.connected.ids)
         infos = self.connected[ids].apply_sync(calls.rank_info, list(DISTRIBUTIONS))
         ranks = sorted(((Rank(i["rank"], i["host"], i["gpu"], i["pid"], eid, i["addr"], job=i["job"]), i)
@@ -315,7 +319,7 @@ class RunningSet:
         if [r.rank for r, _ in ranks] != list(range(len(ranks))):  # no MPI rank (local launcher without MPI)
             ranks = [(replace(r, rank=k), i) for k, (r, i) in enumerate(ranks)]
         self.ranks, self.versions = [r for r, _ in ranks], {r.rank: i["versions"] for r, i in ranks}
-        return [i["timeline"] for _, i in ranks], {i["framework"] for _, i in ranks}
+        return [i["timeline"] for _, i in ranks], {(i["framework"], i["resting"]) for _, i in ranks}
 
     # --- who is in the world (membership.py decides; these change the set) ---------------------------------------
     def ranks_of(self, job: str) -> list[Rank]:
@@ -362,6 +366,7 @@ class RunningSet:
         hosts = [r.host for r in ranks]
         renumbered = [replace(r, rank=k) for k, r in enumerate(ranks)]
         self.framework, self.changes = None, self.changes + 1  # whatever happens next, the old world is gone
+        self.resting, self.rest_request = False, None
         told = [self.connected[r.engine_id].apply_async(
             rank_world.assign, r.rank, len(ranks), hosts[:r.rank].count(r.host), hosts.count(r.host))
             for r in renumbered]
@@ -394,6 +399,33 @@ class RunningSet:
 
     def remove_folder(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+    # --- rest (rest.py decides when) -------------------------------------------------------------------------
+    def rest(self) -> bool:
+        """Initialise the world's framework again in the form that costs less while idle, if it has one (sent, not
+        waited for: each rank runs it before any later request); whether it did. The next cell wakes the world."""
+        framework = FRAMEWORKS.get(self.framework or "")
+        if self.resting or framework is None or framework.rest is None:
+            return False
+        params = framework.rest(self)
+        if params is None:
+            return False
+        self.rest_request = self.view().apply_async(calls.init_framework, framework, params, True)
+        self.resting = True
+        return True
+
+    def rested(self, timeout: float = 60) -> None:
+        """Wait until the ranks are at rest (before a cell wakes them: waking resets the rendezvous that resting
+        uses); a rest that failed leaves the framework to initialise again."""
+        request, self.rest_request = self.rest_request, None
+        if request is None:
+            return
+        try:
+            request.get(timeout=timeout)
+        except Exception as err:
+            self.framework, self.resting = None, False
+            print(f"hpcai: the idle world could not rest ({type(err).__name__}: {err}); the next cell initialises "
+                  "its framework again", file=sys.__stderr__, flush=True)
 
     # --- what the ranks are doing -------------------------------------------------------------------------
     def status(self) -> list[Rank]:

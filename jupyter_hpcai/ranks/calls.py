@@ -38,6 +38,7 @@ class Framework(Protocol):
 timeline: dict[str, float] = {}
 _booting: dict[str, Future[Handles | None]] = {}
 _initialised: Framework | None = None
+_resting = False  # initialised in its resting form (frameworks.Framework.rest)
 
 
 def initialised() -> Framework | None:
@@ -74,7 +75,7 @@ def rank_info(distributions: list[str] | None = None) -> dict[str, Any]:
             "host": host_name(os.environ),
             "addr": os.environ.get("HPCAI_NODE_ADDR", LOOPBACK), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
             "pid": os.getpid(), "job": os.environ.get("SLURM_JOB_ID", "local"), "versions": versions(distributions or []), "timeline": dict(timeline),
-            "framework": _initialised.name if _initialised else None}
+            "framework": _initialised.name if _initialised else None, "resting": _resting}
 
 
 def versions(distributions: list[str]) -> dict[str, Any]:
@@ -104,26 +105,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def init_framework(framework: Framework, params: dict[str, Any]) -> dict[str, Any]:
-    """Initialise a framework once per engine (taking over what boot started) and put its handles in the
-    user namespace."""
-    global _initialised
+def init_framework(framework: Framework, params: dict[str, Any], again: bool = False) -> dict[str, Any]:
+    """Initialise a framework once per engine (taking over what boot started), or ``again`` (a world going to rest
+    or waking: ``params["resting"]`` says which), and put its handles in the user namespace."""
+    global _initialised, _resting
     ns = _user_ns()
-    if ns.get("_hpcai_framework") == framework.name:
+    if ns.get("_hpcai_framework") == framework.name and not again:
         return {"initialised": False, **ns["_hpcai_framework_info"]}
     booting = _booting.pop(framework.name, None)
     handles = booting.result() if booting is not None else None
-    names, info = handles if handles is not None else framework.init(params)
+    names, info = handles if handles is not None and not again else framework.init(params)
     ns.update(names)
     ns["_hpcai_framework"], ns["_hpcai_framework_info"] = framework.name, info
-    _initialised = framework
+    _initialised, _resting = framework, bool(params.get("resting"))
     return {"initialised": True, **info}
 
 
 def forget_framework() -> None:
     """The world changed (world.py): the next cell initialises the framework again, on the new world."""
-    global _initialised
-    _initialised = None
+    global _initialised, _resting
+    _initialised, _resting = None, False
     _booting.clear()
     _user_ns().pop("_hpcai_framework", None)
 

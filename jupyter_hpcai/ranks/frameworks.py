@@ -1,4 +1,5 @@
-"""Framework layer: how each rank initialises a distributed framework (once per engine).
+"""Framework layer: how each rank initialises a distributed framework (once per engine, and again when its world
+re-forms, rests or wakes).
 
 A framework is a name, the distributions the preflight compares across ranks, the modules a rank imports
 while it starts, and an ``init`` that runs on every rank and returns the handles for the cell namespace.
@@ -60,6 +61,10 @@ class Framework:
     # in the kernel, before a launch: variables the ranks need to initialise it (the ranks on each node, the
     # nodes' addresses)
     launch_env: Callable[[World, Sequence[int], Iterable[str]], dict[str, str]] | None = None
+    # in the kernel, for a world no cell used for a while: params that initialise it again in a form that costs
+    # less while idle (Horovod: a long cycle), or None where that world cannot rest; the next cell that names
+    # the framework initialises it again with ``reformed``'s params. Unset: idle costs nothing (torch)
+    rest: Callable[[World], dict[str, Any] | None] | None = None
 
     def boot(self) -> Handles | None:
         """On a rank while it starts: import the framework, and initialise it when that needs no params."""
@@ -182,6 +187,31 @@ def _horovod_reformed(world: World) -> dict[str, Any]:
             "slots": horovod_slots(hosts)}
 
 
+# Horovod's background thread coordinates the ranks every cycle (1 ms unless HOROVOD_CYCLE_TIME says otherwise), busy
+# or not: 7-15 % of a core per idle rank over Gloo on the dev cluster (4 ranks, 2 nodes). A world at rest runs a 50 ms
+# cycle: about 1 %, and each collective waits up to a cycle; the next cell wakes it (about 0.25 s on 4 ranks).
+REST_CYCLE_MS = 50
+_AWAKE_CYCLE = os.environ.get("HOROVOD_CYCLE_TIME")  # the rank's own (the user's, or unset), read at its boot
+
+
+def _horovod_rest(world: World) -> dict[str, Any] | None:
+    """In the kernel, for an idle world over Gloo: the re-formed world's params with the resting cycle (a world over
+    MPI cannot initialise Horovod again, so it does not rest)."""
+    if _horovod_fixed():
+        return None
+    return {**_horovod_reformed(world), "resting": True}
+
+
+def _set_cycle(resting: bool) -> None:
+    """Horovod's cycle for the next ``hvd.init()``: the resting one, or the rank's own."""
+    if resting:
+        os.environ["HOROVOD_CYCLE_TIME"] = str(REST_CYCLE_MS)
+    elif _AWAKE_CYCLE is None:
+        os.environ.pop("HOROVOD_CYCLE_TIME", None)
+    else:
+        os.environ["HOROVOD_CYCLE_TIME"] = _AWAKE_CYCLE
+
+
 def _join_gloo(rendezvous: Sequence[Any], slot: dict[str, Any]) -> None:
     """Horovod's own variables for a Gloo world: where the rendezvous is, and this rank's slot."""
     os.environ.update({"HOROVOD_GLOO_RENDEZVOUS_ADDR": str(rendezvous[0]),
@@ -195,12 +225,13 @@ def _init_horovod(params: dict[str, Any]) -> Handles:
 
     rank = first_int(os.environ, RANK_VARS, 0)
     gpus = _tensorflow_setup(tf)
-    if params.get("slots"):  # a re-formed world: out of the last one, into this one
+    if params.get("slots"):  # a re-formed world, or one resting or waking: out of the last one, into this one
         import horovod.tensorflow as hvd
 
         if hvd.is_initialized():
             hvd.shutdown()
         _join_gloo(params["rendezvous"], params["slots"][rank])
+        _set_cycle(bool(params.get("resting")))
         hvd.init()
         return _horovod_handles(tf, len(gpus))
     if rendezvous := os.environ.get(RENDEZVOUS_VAR):  # the launch's world, over Gloo
@@ -308,7 +339,8 @@ def _torch_broadcast(value: Any) -> Any:
 FRAMEWORKS: dict[str, Framework] = {
     "horovod": Framework("horovod", ("tensorflow", "tensorflow-cpu", "horovod", "mpi4py"),
                          ("tensorflow", "horovod.tensorflow"), _init_horovod, _horovod_max, _horovod_broadcast,
-                         reformed=_horovod_reformed, fixed=_horovod_fixed, launch_env=_horovod_launch_env),
+                         reformed=_horovod_reformed, fixed=_horovod_fixed, launch_env=_horovod_launch_env,
+                         rest=_horovod_rest),
     "torch": Framework("torch", ("torch",), ("torch", "torch.distributed"), _init_torch, _torch_max, _torch_broadcast,
                        _torch_params),
 }

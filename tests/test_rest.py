@@ -1,0 +1,73 @@
+"""When idle worlds rest (engines/rest.py), without a cluster: the thread's timing and its respect for cells. The
+world here is a stand-in that counts rests; tests/test_engines.py rests and wakes a real Horovod world."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from jupyter_hpcai.engines.rest import DEFAULT_AFTER, Rest, rest_after
+from jupyter_hpcai.errors import HPCAIError
+
+
+class CountingWorld:
+    def __init__(self) -> None:
+        self.rests: list[float] = []
+
+    def rest(self) -> bool:
+        self.rests.append(time.monotonic())
+        return True
+
+
+def wait_for(predicate, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_the_setting() -> None:
+    assert rest_after({}) == DEFAULT_AFTER == 30
+    assert rest_after({"HPCAI_REST_AFTER": "0"}) == 0
+    assert rest_after({"HPCAI_REST_AFTER": "2.5"}) == 2.5
+    for bad in ("soon", "-1", "nan"):
+        with pytest.raises(HPCAIError) as err:
+            rest_after({"HPCAI_REST_AFTER": bad})
+        assert "HPCAI_REST_AFTER" in err.value.message and "0: never" in err.value.hint
+
+
+def test_a_world_rests_once_after_the_last_cell_and_a_cell_postpones_it() -> None:
+    world, lock = CountingWorld(), threading.RLock()
+    rest = Rest(lock, lambda: world, after=0.3)
+    start = time.monotonic()
+    rest.used()
+    time.sleep(0.2)
+    rest.used()  # a cell: the clock starts again
+    assert wait_for(lambda: world.rests)
+    assert world.rests[0] - start >= 0.5
+    time.sleep(0.6)
+    assert len(world.rests) == 1  # once, until the next cell
+
+
+def test_no_rest_while_a_cell_holds_the_lock_nor_without_a_world_nor_when_off() -> None:
+    world, lock = CountingWorld(), threading.RLock()
+    rest = Rest(lock, lambda: world, after=0.2)
+    with lock:  # a cell that runs long
+        rest.used()
+        time.sleep(0.6)
+        assert world.rests == []
+    rest.used()  # its end
+    assert wait_for(lambda: world.rests)
+
+    idle = Rest(threading.RLock(), lambda: None, after=0.1)
+    idle.used()
+    time.sleep(0.3)  # nothing to rest: no error, nothing done
+
+    off, never = CountingWorld(), Rest(threading.RLock(), lambda: off, after=0)
+    never.used()
+    time.sleep(0.3)
+    assert off.rests == [] and never._thread is None
