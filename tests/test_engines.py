@@ -271,7 +271,7 @@ def test_telemetry_moves_under_load_goes_quiet_at_rest_and_flags_a_straggler(wor
 
 WAKE = r"""
 import os, statistics, time
-ranks_cycle = lambda: E.current().view().apply_sync(lambda: os.environ.get("HOROVOD_CYCLE_TIME"))
+ranks_cycle = lambda: E.current().view().apply_sync(os.getenv, "HOROVOD_CYCLE_TIME")
 ALLREDUCE = '''import time
 x = tf.ones([65536])
 hvd.allreduce(x, name="warm")
@@ -319,8 +319,10 @@ def test_a_world_at_rest_wakes_at_the_next_cell(world: JobKernel, bench: list[st
     assert world.run("%%horovod_run\nhvd.size()").status == "ok"
     setup = world.run(WAKE)
     assert setup.status == "ok", setup.error
-    world.run("to_rest()")
-    assert eval(world.run("ranks_cycle()").result) == ["50"] * 4  # noqa: S307 - our own kernel's repr
+    rested = world.run("to_rest()")
+    assert rested.status == "ok", rested.error
+    cycles = world.run("ranks_cycle()")
+    assert cycles.status == "ok" and eval(cycles.result) == ["50"] * 4, cycles.error  # noqa: S307 - our own repr
     assert "horovod is at rest" in world.run("%hpc status").stdout
     summed = world.run("%%horovod_run\nfloat(hvd.allreduce(tf.constant(float(rank)), op=hvd.Sum))")
     assert summed.status == "ok" and summed.result == "6.0", summed.error
