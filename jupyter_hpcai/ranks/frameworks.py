@@ -203,13 +203,13 @@ def _horovod_rest(world: World) -> dict[str, Any] | None:
 
 
 def _set_cycle(resting: bool) -> None:
-    """Horovod's cycle for the next ``hvd.init()``: the resting one, or the rank's own."""
+    """Horovod's cycle for the next ``hvd.init()``: the resting one, or the rank's own. Set either way: a cycle once
+    set by the variable stays fixed in the process (Horovod's ParameterManager) until the variable sets another."""
     if resting:
         os.environ["HOROVOD_CYCLE_TIME"] = str(REST_CYCLE_MS)
-    elif _AWAKE_CYCLE is None:
-        os.environ.pop("HOROVOD_CYCLE_TIME", None)
-    else:
-        os.environ["HOROVOD_CYCLE_TIME"] = _AWAKE_CYCLE
+    else:  # Horovod's own default where the rank has none: 1 ms, 0 with XLA ops
+        xla = os.environ.get("HOROVOD_ENABLE_XLA_OPS", "").lower() in ("1", "true", "yes", "on")
+        os.environ["HOROVOD_CYCLE_TIME"] = _AWAKE_CYCLE or ("0" if xla else "1")
 
 
 def _join_gloo(rendezvous: Sequence[Any], slot: dict[str, Any]) -> None:
