@@ -149,7 +149,7 @@ def _status(engines: Engines, args: argparse.Namespace) -> None:
     _print_ranks(ranks)
     world = engines.set
     if ranks and world is not None and world.resting:
-        print(f"{world.framework} is at rest (idle engines cost less); the next cell that uses it wakes it")
+        print(f"{world.resting} is at rest (idle engines cost less); the next cell that uses it wakes it")
 
 
 def _stacks(engines: Engines, args: argparse.Namespace) -> None:

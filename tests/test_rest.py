@@ -42,14 +42,14 @@ def test_the_setting() -> None:
 
 def test_a_world_rests_once_after_the_last_cell_and_a_cell_postpones_it() -> None:
     world, lock = CountingWorld(), threading.RLock()
-    rest = Rest(lock, lambda: world, after=0.3)
-    start = time.monotonic()
+    rest = Rest(lock, lambda: world, after=1.0)
     rest.used()
-    time.sleep(0.2)
+    time.sleep(0.3)
+    again = time.monotonic()
     rest.used()  # a cell: the clock starts again
     assert wait_for(lambda: world.rests)
-    assert world.rests[0] - start >= 0.5
-    time.sleep(0.6)
+    assert world.rests[0] - again >= 1.0
+    time.sleep(1.5)
     assert len(world.rests) == 1  # once, until the next cell
 
 

@@ -46,10 +46,10 @@ def framework_setup(world: RunningSet, name: str, elastic: bool = False) -> Call
     if elastic and (why := framework.fixed()):
         raise HPCAIError(f"--elastic: {why}", "or run the cell without --elastic")
     world.rested()
-    if world.framework == name and not world.resting:
+    waking = world.resting == name  # initialised at rest (another framework's cells may have run since)
+    if world.framework == name and not waking:
         return None
-    waking = world.framework == name
-    if not waking:
+    if world.framework != name:
         preflight(world, name)
     params_of = framework.reformed if (world.changes or waking) and framework.reformed else framework.params
     return partial(calls.init_framework, framework, params_of(world) if params_of else {}, waking)
@@ -123,7 +123,9 @@ class Cell:
         setup = framework_setup(self.world, framework, self.elastic is not None) if framework else None
         if setup is not None:  # its own request: a rank that dies in it died of the framework's init
             self._request("pass", 1, None, setup, "all", initialising=framework)
-            self.world.framework, self.world.resting = framework, False
+            self.world.framework = framework
+            if self.world.resting == framework:
+                self.world.resting = None
         outcomes = self._request(code, first_line, push, None, output, initialising=None)
         failed = {rank: o for rank, o in outcomes.items() if not o["ok"]}
         if failed:

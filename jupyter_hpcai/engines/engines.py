@@ -33,7 +33,7 @@ from . import listing, membership, own_job
 from .cells import CONTINUITY, Cell, Outcomes
 from .launch import Layout, plan
 from .output import Write
-from .rest import Rest, rest_after
+from .rest import DEFAULT_AFTER, Rest, rest_after
 from .running_set import Progress, Rank, RunningSet, command
 
 State = Literal["stopped", "pending", "starting", "running", "restarting", "stopping"]
@@ -59,7 +59,7 @@ class Engines:
         self.background_error: HPCAIError | None = None  # why it failed, told to the next cell that can say it
         self._telling = threading.Lock()  # one thread tells that failure
         self.started_in_background = False  # the running engines are the background start's (until a stop)
-        self.rest = Rest(self._running_cell, lambda: self.set if self.running else None, rest_after())
+        self.rest = Rest(self._running_cell, lambda: self.set if self.running else None, _rest_after())
         if allocation is None:  # outside a job nothing would stop them: they go with the kernel (ipyparallel's atexit)
             atexit.register(lambda: self.set.remove_folder() if self.set else None)
 
@@ -388,6 +388,16 @@ class Engines:
     def restore(self, directory: str | None = None, write: Write | None = None) -> Outcomes:
         """Every ``hpc.Checkpoint`` made on the ranks loads its latest save; each rank's report."""
         return self.run(f"{CONTINUITY}.restore_all({directory!r})", framework=None, write=write)
+
+
+def _rest_after() -> float:
+    """HPCAI_REST_AFTER; a bad value is said (the kernel's log, the job's) and the default taken."""
+    try:
+        return rest_after()
+    except HPCAIError as err:
+        print(f"hpcai: {err.message}; {err.hint}. Idle engines rest after {DEFAULT_AFTER:g} s meanwhile",
+              file=sys.stderr, flush=True)
+        return DEFAULT_AFTER
 
 
 def _print(text: str) -> None:

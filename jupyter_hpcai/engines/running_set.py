@@ -140,8 +140,9 @@ class RunningSet:
     removed: set[int] = field(default_factory=set)  # engine ids stopped or lost: never taken back
     changes: int = 0  # re-formings of the world since it started
     services: dict[str, Any] = field(default_factory=dict)  # kept for the world by its framework (a rendezvous)
-    resting: bool = False  # its framework initialised in the form that costs less while idle (rest.py)
-    rest_request: Any = None  # the request that put it to rest, until the world wakes
+    resting: str | None = None  # the framework initialised in the form that costs less while idle (rest.py)
+    rest_request: Any = None  # the request that put it to rest, until a cell waits for it
+    stopped: bool = False
 
     @classmethod
     def prepare(cls, allocation: Allocation | None, job: str, layout: Layout, warm: str | None, timeout: float,
@@ -251,7 +252,7 @@ class RunningSet:
                    found.table.get("telemetry_interval", telemetry.DEFAULT_INTERVAL))
         _, frameworks = self._read_ranks()
         # initialised on every rank (and resting or not, alike)
-        self.framework, self.resting = frameworks.pop() if len(frameworks) == 1 else (None, False)
+        self.framework, self.resting = frameworks.pop() if len(frameworks) == 1 else (None, None)
         self.grown = {job: Grown(*counts) for job, counts in found.table.get("grown", {}).items()}
         self.changes = 1  # the launch's rendezvous (Horovod's) lived in the kernel that started the set
         self.write_rank_table(owners=listing.live_owners(found.table))
@@ -309,9 +310,9 @@ class RunningSet:
             dial = "(no connection file yet)"
         return f"the controller listens on {self.listens}; the ranks dial {dial}"
 
-    def _read_ranks(self) -> tuple[list[dict[str, float]], set[tuple[str | None, bool]]]:
+    def _read_ranks(self) -> tuple[list[dict[str, float]], set[tuple[str | None, str | None]]]:
         """One round trip: who each engine is and the versions the preflight compares (kept), each rank's boot
-        timeline and the frameworks the ranks initialised, each resting or not (returned)."""
+        timeline and the frameworks the ranks initialised, each with the one it keeps at rest (returned)."""
         ids = list(self.connected.ids)
         infos = self.connected[ids].apply_sync(calls.rank_info, list(DISTRIBUTIONS))
         ranks = sorted(((Rank(i["rank"], i["host"], i["gpu"], i["pid"], eid, i["addr"], job=i["job"]), i)
@@ -347,6 +348,7 @@ class RunningSet:
 
     def remove(self, ranks: list[Rank]) -> None:
         """Stop ``ranks``' engines and re-form the world on the others."""
+        self.rested()  # not in the middle of a rest's rendezvous, which the survivors would wait in
         gone = {r.engine_id for r in ranks}
         self.removed |= gone  # they may still look registered for a moment: never taken back (joined)
         self.connected.shutdown(targets=sorted(gone), block=True)
@@ -362,11 +364,12 @@ class RunningSet:
         """``ranks`` (in this order) become the world: numbered 0..n-1, each told its place (ranks/world.py), the
         framework left to the next cell to initialise again. A rank that does not take its place leaves the
         world unusable: the error says to restart it."""
+        self.rested()
         by_engine = versions or {r.engine_id: self.versions[r.rank] for r in ranks}
         hosts = [r.host for r in ranks]
         renumbered = [replace(r, rank=k) for k, r in enumerate(ranks)]
         self.framework, self.changes = None, self.changes + 1  # whatever happens next, the old world is gone
-        self.resting, self.rest_request = False, None
+        self.resting = None
         told = [self.connected[r.engine_id].apply_async(
             rank_world.assign, r.rank, len(ranks), hosts[:r.rank].count(r.host), hosts.count(r.host))
             for r in renumbered]
@@ -385,9 +388,10 @@ class RunningSet:
 
     def stop(self) -> None:
         """Stop the engines and the controller, and remove the set's folder."""
+        self.stopped = True  # no rest starts a service now
         if self.client is not None:
             self.client.close()
-        for service in self.services.values():
+        for service in list(self.services.values()):
             service.shutdown()
             service.server_close()
         try:
@@ -403,29 +407,39 @@ class RunningSet:
     # --- rest (rest.py decides when) -------------------------------------------------------------------------
     def rest(self) -> bool:
         """Initialise the world's framework again in the form that costs less while idle, if it has one (sent, not
-        waited for: each rank runs it before any later request); whether it did. The next cell wakes the world."""
+        waited for: each rank runs it before any later request); whether it did. Not while a request of this
+        kernel's is outstanding (a %%px), nor in a set another kernel uses too. The next cell wakes the world."""
         framework = FRAMEWORKS.get(self.framework or "")
-        if self.resting or framework is None or framework.rest is None:
+        if (self.resting or self.stopped or framework is None or framework.rest is None or self.connected.outstanding
+                or self._shared()):
             return False
         params = framework.rest(self)
         if params is None:
             return False
         self.rest_request = self.view().apply_async(calls.init_framework, framework, params, True)
-        self.resting = True
+        self.resting = framework.name
         return True
 
+    def _shared(self) -> bool:
+        """Whether another live kernel uses this set (its cells would not know of the rest)."""
+        table = listing.read_rank_table(self.folder)
+        return table is not None and set(listing.live_owners(table)) - {os.getpid()} != set()
+
     def rested(self, timeout: float = 60) -> None:
-        """Wait until the ranks are at rest (before a cell wakes them: waking resets the rendezvous that resting
-        uses); a rest that failed leaves the framework to initialise again."""
-        request, self.rest_request = self.rest_request, None
+        """Wait until the ranks are at rest, before a cell wakes them (waking resets the rendezvous that resting
+        uses) or the world re-forms. A rest that failed stays marked: the wake initialises the framework again
+        in full."""
+        request = self.rest_request
         if request is None:
             return
-        try:
-            request.get(timeout=timeout)
-        except Exception as err:
-            self.framework, self.resting = None, False
-            print(f"hpcai: the idle world could not rest ({type(err).__name__}: {err}); the next cell initialises "
-                  "its framework again", file=sys.__stderr__, flush=True)
+        if not request.wait(timeout):
+            raise HPCAIError(f"the engines are still busy with an earlier request after {timeout:g} s (the idle "
+                             "world's rest waits behind it)", "wait for it to end (a %%px --noblock job?), or "
+                             "%hpc restart")
+        self.rest_request = None
+        if not request.successful():
+            print(f"hpcai: the idle world could not rest ({request.exception()}); the next cell that uses "
+                  f"{self.resting} initialises it again", file=sys.__stderr__, flush=True)
 
     # --- what the ranks are doing -------------------------------------------------------------------------
     def status(self) -> list[Rank]:

@@ -38,7 +38,7 @@ class Framework(Protocol):
 timeline: dict[str, float] = {}
 _booting: dict[str, Future[Handles | None]] = {}
 _initialised: Framework | None = None
-_resting = False  # initialised in its resting form (frameworks.Framework.rest)
+_resting: str | None = None  # the framework initialised in its resting form (frameworks.Framework.rest)
 
 
 def initialised() -> Framework | None:
@@ -117,14 +117,18 @@ def init_framework(framework: Framework, params: dict[str, Any], again: bool = F
     names, info = handles if handles is not None and not again else framework.init(params)
     ns.update(names)
     ns["_hpcai_framework"], ns["_hpcai_framework_info"] = framework.name, info
-    _initialised, _resting = framework, bool(params.get("resting"))
+    _initialised = framework
+    if params.get("resting"):
+        _resting = framework.name
+    elif _resting == framework.name:
+        _resting = None
     return {"initialised": True, **info}
 
 
 def forget_framework() -> None:
     """The world changed (world.py): the next cell initialises the framework again, on the new world."""
     global _initialised, _resting
-    _initialised, _resting = None, False
+    _initialised, _resting = None, None
     _booting.clear()
     _user_ns().pop("_hpcai_framework", None)
 

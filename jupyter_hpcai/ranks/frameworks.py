@@ -195,9 +195,10 @@ _AWAKE_CYCLE = os.environ.get("HOROVOD_CYCLE_TIME")  # the rank's own (the user'
 
 
 def _horovod_rest(world: World) -> dict[str, Any] | None:
-    """In the kernel, for an idle world over Gloo: the re-formed world's params with the resting cycle (a world over
-    MPI cannot initialise Horovod again, so it does not rest)."""
-    if _horovod_fixed():
+    """In the kernel, for an idle world over Gloo: the re-formed world's params with the resting cycle. A world over
+    MPI cannot initialise Horovod again, and one whose cycle Horovod's autotuner tunes would lose that: neither
+    rests."""
+    if _horovod_fixed() or os.environ.get("HOROVOD_AUTOTUNE", "").lower() in ("1", "true", "yes", "on"):
         return None
     return {**_horovod_reformed(world), "resting": True}
 
