@@ -316,7 +316,7 @@ def bench_rounds():
             took, _ = timed("pass")  # the first cell: it wakes a world at rest
             rounds["wake_s" if kind == "woken" else "awake_s"].append(took)
             if kind == "awake":  # the baseline: Horovod initialised again as a wake does, with no rest before it
-                E.current().set.resting = True  # (the first ops after any init run slower for a while)
+                E.current().set.resting = "horovod"  # (the first ops after any init run slower for a while)
                 timed("pass")
             _, values = timed(ALLREDUCE)
             assert all(v[1] == 4.0 for v in values.values()), values
