@@ -30,6 +30,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     record.report(terminalreporter)
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    record.timed(report)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """A suite started in the background (``nohup ... &``) inherits SIGINT ignored, and so would every CLI it
     starts: the Ctrl-C tests need it delivered, so the children get the default disposition back."""

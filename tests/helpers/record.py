@@ -10,6 +10,13 @@ import pytest
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 BENCH: list[str] = []  # benchmark lines (the bench fixture hands it out)
 ATTACKS: list[tuple[str, str, str]] = []  # (attack, "blocked" or "LEAKED", what was observed)
+FILE_SECONDS: dict[str, float] = {}  # each test file's setup, call and teardown time (a session fixture: where first used)
+
+
+def timed(report: pytest.TestReport) -> None:
+    """Add one phase of one test to its file's time."""
+    path = report.nodeid.split("::")[0]
+    FILE_SECONDS[path] = FILE_SECONDS.get(path, 0.0) + report.duration
 
 
 def attack(name: str, blocked: bool, observed: str) -> None:
@@ -36,6 +43,11 @@ def report(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section(f"attacks tried: {blocked} (test-artifacts/security-attacks.md)")
         for name, outcome, seen in ATTACKS:
             terminalreporter.write_line(f"{outcome:8} {name}: {seen}")
+    if FILE_SECONDS:
+        total = sum(FILE_SECONDS.values())
+        terminalreporter.section(f"where the time went: {total / 60:.1f} min in test files, the slowest 20")
+        for path, seconds in sorted(FILE_SECONDS.items(), key=lambda item: -item[1])[:20]:
+            terminalreporter.write_line(f"{seconds:7.1f} s  {100 * seconds / total:4.1f} %  {path}")
     if BENCH:
         terminalreporter.section(f"benchmarks (ratios against a baseline measured in the same run): {made}")
         for line in BENCH:
