@@ -251,7 +251,7 @@ class RunningSet:
         self = cls(cluster, client, found.folder, Layout(**found.table["layout"]), found.table.get("warm"),
                    found.table.get("telemetry_interval", telemetry.DEFAULT_INTERVAL))
         _, frameworks = self._read_ranks()
-        # initialised on every rank (and resting or not, alike)
+        # initialised on every rank (and kept at rest, or not, alike)
         self.framework, self.resting = frameworks.pop() if len(frameworks) == 1 else (None, None)
         self.grown = {job: Grown(*counts) for job, counts in found.table.get("grown", {}).items()}
         self.changes = 1  # the launch's rendezvous (Horovod's) lived in the kernel that started the set
