@@ -71,3 +71,15 @@ def test_no_rest_while_a_cell_holds_the_lock_nor_without_a_world_nor_when_off() 
     never.used()
     time.sleep(0.3)
     assert off.rests == [] and never._thread is None
+
+
+def test_horovod_switches_read_as_horovod_reads_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HOROVOD_AUTOTUNE (no rest under it) and HOROVOD_ENABLE_XLA_OPS (the awake cycle's default): on for an integer
+    above 0, as Horovod's env_parser.cc reads them; "true" is off to Horovod, so it is here."""
+    from jupyter_hpcai.ranks.frameworks import _horovod_flag
+
+    for value, on in (("1", True), ("2", True), (" 3", True), ("0", False), ("-1", False), ("true", False), ("", False)):
+        monkeypatch.setenv("HOROVOD_AUTOTUNE", value)
+        assert _horovod_flag("HOROVOD_AUTOTUNE") is on, value
+    monkeypatch.delenv("HOROVOD_AUTOTUNE")
+    assert not _horovod_flag("HOROVOD_AUTOTUNE")

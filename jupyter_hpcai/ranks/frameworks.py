@@ -11,6 +11,7 @@ rendezvous address); a framework without it is initialised by each rank as it bo
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -198,9 +199,15 @@ def _horovod_rest(world: World) -> dict[str, Any] | None:
     """In the kernel, for an idle world over Gloo: the re-formed world's params with the resting cycle. A world over
     MPI cannot initialise Horovod again, and one whose cycle Horovod's autotuner tunes would lose that: neither
     rests."""
-    if _horovod_fixed() or os.environ.get("HOROVOD_AUTOTUNE", "").lower() in ("1", "true", "yes", "on"):
+    if _horovod_fixed() or _horovod_flag("HOROVOD_AUTOTUNE"):
         return None
     return {**_horovod_reformed(world), "resting": True}
+
+
+def _horovod_flag(name: str) -> bool:
+    """A Horovod switch as Horovod reads it (env_parser.cc): on when its value starts with an integer above 0."""
+    digits = re.match(r"\s*[+-]?\d+", os.environ.get(name, ""))
+    return digits is not None and int(digits.group()) > 0
 
 
 def _set_cycle(resting: bool) -> None:
@@ -209,8 +216,7 @@ def _set_cycle(resting: bool) -> None:
     if resting:
         os.environ["HOROVOD_CYCLE_TIME"] = str(REST_CYCLE_MS)
     else:  # Horovod's own default where the rank has none: 1 ms, 0 with XLA ops
-        xla = os.environ.get("HOROVOD_ENABLE_XLA_OPS", "").lower() in ("1", "true", "yes", "on")
-        os.environ["HOROVOD_CYCLE_TIME"] = _AWAKE_CYCLE or ("0" if xla else "1")
+        os.environ["HOROVOD_CYCLE_TIME"] = _AWAKE_CYCLE or ("0" if _horovod_flag("HOROVOD_ENABLE_XLA_OPS") else "1")
 
 
 def _join_gloo(rendezvous: Sequence[Any], slot: dict[str, Any]) -> None:
