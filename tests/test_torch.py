@@ -121,6 +121,30 @@ def test_killed_rank_and_restart(world: JobKernel) -> None:
     assert world.run("%%torchrun\ndist.get_world_size()").result == "4"
 
 
+def test_a_slow_framework_start_says_where_it_waits(world: JobKernel) -> None:
+    """A framework's initialisation that outlasts calls.SLOW_INIT (1 s here, 60 s for real): the cell says which
+    ranks it waits for and where each rank's boot thread is, then goes on. The slow boot is a thread of the test's
+    own standing in for the rank's (a 4 s import), put where the rank's boot keeps it."""
+    assert world.run("%hpc restart").status == "ok"
+    held = world.run("import jupyter_hpcai.ranks.calls as calls\ncalls.SLOW_INIT = 1\n"
+                     "from jupyter_hpcai.engines import current\ncurrent().view().activate()")
+    assert held.status == "ok", held.error
+    held = world.run("%%px --block\nimport threading, time, concurrent.futures as cf\n"
+                     "import jupyter_hpcai.ranks.calls as calls\ncalls.SLOW_INIT = 1\nheld = cf.Future()\n"
+                     "def slow_import():\n    time.sleep(4)\n    held.set_result(None)\n"
+                     "calls._booting['torch'] = held\ncalls._boot_threads['torch'] = threading.Thread(target=slow_import)\n"
+                     "calls._boot_threads['torch'].start()")
+    assert held.status == "ok", held.error
+    cell = world.run("%%torchrun\nt = torch.ones(1); dist.all_reduce(t); t.item()")
+    assert cell.status == "ok" and cell.result == "4.0", cell.error
+    assert ("hpcai: initialising torch has taken over 1 s; not done yet: rank 0 on n1, rank 1 on n1, rank 2 on n2, "
+            "rank 3 on n2") in cell.stdout, cell.stdout
+    for rank, host in enumerate(["n1", "n1", "n2", "n2"]):
+        assert f"[rank {rank} {host}] hpcai: rank {rank}: initialising torch has taken over 1 s" in cell.stdout
+    assert "in slow_import" in cell.stdout and "time.sleep(4)" in cell.stdout, cell.stdout
+    world.run("calls.SLOW_INIT = 60")
+
+
 def test_nccl_without_a_gpu_fails_clearly(world: JobKernel) -> None:
     cell = world.run("%%torchrun --timeout 60\ndist.new_group(backend='nccl')")
     assert cell.status == "error" and "4 of 4 ranks failed" in cell.error

@@ -165,12 +165,17 @@ class Cell:
         """Stream output until every rank is done; stop the world on a dead rank, a dead controller or the timeout.
         ``initialising``: the framework this cell initialises first (ranks that die then died of its init)."""
         world = self.world
-        deadline = time.monotonic() + self.timeout if self.timeout else None
+        started = time.monotonic()
+        deadline = started + self.timeout if self.timeout else None
+        slow_at = started + calls.SLOW_INIT if initialising else None
         while True:
             done = whole.wait(0.1)
             if done and whole.successful():  # run_cell returns every outcome; only a rank's death fails it
                 return
             streamer.feed(_texts(whole))
+            if slow_at and time.monotonic() > slow_at and not done:
+                slow_at = None
+                self.write(self._slow_init(whole, initialising))
             if not world.controller_alive():
                 self.lost()
                 raise RankFailure("the ipyparallel controller died, so the ranks can no longer be reached; they were "
@@ -202,6 +207,15 @@ class Cell:
                                   "(stuck, e.g. waiting in a collective for a rank that never joined). "
                                   f"Where each rank was:\n{where}\nThe engines were stopped",
                                   "bring the world back with %hpc restart")
+
+    def _slow_init(self, whole: Any, framework: str | None) -> str:
+        """Said once when initialising ``framework`` outlasts SLOW_INIT: the ranks not done, and where each is."""
+        outstanding = self.world.connected.outstanding
+        waiting = ", ".join(f"rank {rank} on {self.world.ranks[rank].host}" for rank, msg_id in enumerate(whole.msg_ids)
+                            if msg_id in outstanding)
+        return (f"hpcai: initialising {framework} has taken over {calls.SLOW_INIT:g} s; not done yet: {waiting}. Where "
+                f"each rank is:\n{self._where_stuck()}\nStill waiting: interrupt the cell to stop, then %hpc restart "
+                "to start the ranks again\n")
 
     def _survivors_free(self, whole: Any, wait: float = 60) -> bool:
         """Whether the surviving ranks finished their part of the cell (a collective with a dead peer fails on

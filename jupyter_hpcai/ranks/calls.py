@@ -15,6 +15,7 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout  # not the builtin before Python 3.11
 from typing import Any, Protocol
 
 from ..network import LOOPBACK
@@ -35,8 +36,11 @@ class Framework(Protocol):
 
     def max_over_ranks(self, value: int) -> int: ...
 
+SLOW_INIT = 60.0  # seconds a cell waits for a framework's initialisation before it says where that is
+
 timeline: dict[str, float] = {}
 _booting: dict[str, Future[Handles | None]] = {}
+_boot_threads: dict[str, threading.Thread] = {}
 _initialised: Framework | None = None
 _resting: str | None = None  # the framework initialised in its resting form (frameworks.Framework.rest)
 
@@ -65,7 +69,23 @@ def start_booting(framework: Framework) -> None:
         future.set_result(handles)
 
     _booting[framework.name] = future
-    threading.Thread(target=work, name=f"hpcai-boot-{framework.name}", daemon=True).start()
+    _boot_threads[framework.name] = thread = threading.Thread(target=work, name=f"hpcai-boot-{framework.name}",
+                                                              daemon=True)
+    thread.start()
+
+
+def _booted(name: str, booting: Future[Handles | None]) -> Handles | None:
+    """What the boot's thread made of framework ``name``. Past SLOW_INIT, the rank says once (on stderr, into the
+    cell's output) where that thread is: inside a container no stack can be read from outside."""
+    try:
+        return booting.result(timeout=SLOW_INIT)
+    except FutureTimeout:
+        thread = _boot_threads.get(name)
+        frame = sys._current_frames().get(thread.ident or 0) if thread is not None else None
+        where = "".join(traceback.format_stack(frame)) if frame is not None else "(its thread has ended)\n"
+        print(f"hpcai: rank {first_int(os.environ, RANK_VARS, -1)}: initialising {name} has taken over "
+              f"{SLOW_INIT:g} s since the cell asked; it is at:\n{where}", file=sys.stderr, flush=True)
+        return booting.result()
 
 
 def rank_info(distributions: list[str] | None = None) -> dict[str, Any]:
@@ -113,7 +133,7 @@ def init_framework(framework: Framework, params: dict[str, Any], again: bool = F
     if ns.get("_hpcai_framework") == framework.name and not again:
         return {"initialised": False, **ns["_hpcai_framework_info"]}
     booting = _booting.pop(framework.name, None)
-    handles = booting.result() if booting is not None else None
+    handles = _booted(framework.name, booting) if booting is not None else None
     names, info = handles if handles is not None and not again else framework.init(params)
     ns.update(names)
     ns["_hpcai_framework"], ns["_hpcai_framework_info"] = framework.name, info
@@ -130,6 +150,7 @@ def forget_framework() -> None:
     global _initialised, _resting
     _initialised, _resting = None, None
     _booting.clear()
+    _boot_threads.clear()
     _user_ns().pop("_hpcai_framework", None)
 
 
