@@ -233,6 +233,18 @@ def _storm(hub, users: tuple[str, ...], mid_storm: MidStorm | None = None) -> tu
             lost or set())
 
 
+def _unreached(hub, user: str, status: int, body: Any) -> str:  # type: ignore[no-untyped-def]
+    """What the hub, its proxy, Slurm and the hub's log say of ``user``'s server that did not answer (a failure's
+    message)."""
+    route = hub.api("GET", "/proxy")[1].get(f"/user/{user}/")
+    jobs = subprocess.run(["squeue", "--noheader", "--format=%i %T %N %S", f"--user={user}"], capture_output=True,
+                          text=True, timeout=30).stdout
+    log = [line for line in hub.log.read_text(errors="replace").splitlines()
+           if user in line or "JupyterHub proxy:" in line or "ConfigProxy] \x1b[33mwarn" in line][-40:]
+    return "\n".join([f"{user}: {status} {body}", f"the hub: {hub.server(user)}", f"the proxy's route: {route}",
+                      f"squeue: {jobs}", "the hub's log:", *log])
+
+
 def _stop_all(hub, users: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda u: hub.api("DELETE", f"/users/{u}/server"), users))
@@ -284,7 +296,8 @@ def test_forty_users_at_once(devcluster, tmp_path: Path, bench: list[str]) -> No
                 for user in USERS:  # every other server still attached: the proxy reaches it, as its user
                     if user != victim:
                         server = Server(f"{hub.url}/user/{user}", hub.user_token(user), Path("/dev/null"))
-                        assert server.request("GET", "/api/status")[0] == 200, user
+                        status, body = server.request("GET", "/api/status")
+                        assert status == 200, _unreached(hub, user, status, body)
                 owners = subprocess.run(["squeue", "--noheader", "--format=%u", "--states=PENDING,RUNNING",
                                          f"--user={','.join(USERS)}"], capture_output=True, text=True,
                                         timeout=30).stdout.split()

@@ -17,6 +17,7 @@ from jupyter_hpcai.envs import EnvDir, open_env
 from jupyter_hpcai.spawner.script import NODE_ADDRESS
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+LOGS = ("job.out", "salloc.out", "kernel.out")  # what kernel_in_job, kernel_beside_job and kernel_outside_job write
 
 
 @dataclass
@@ -34,7 +35,7 @@ class JobKernel:
     def __init__(self, connection_file: Path, job_id: int) -> None:
         from jupyter_client import BlockingKernelClient
 
-        self.job_id = job_id
+        self.job_id, self.connection = job_id, connection_file
         self.client = BlockingKernelClient()
         self.client.load_connection_file(str(connection_file))
         # no KernelManager here: "alive" is the heartbeat, and a kernel starting slowly (a loaded machine, or
@@ -43,6 +44,11 @@ class JobKernel:
         self.client.start_channels()
         self.client.wait_for_ready(timeout=120)
         self.pid = int(self.run("import os; os.getpid()").result or 0)
+
+    def _logs(self) -> str:
+        """The ends of the job's and the kernel's logs beside the connection file (a failure's message)."""
+        logs = [self.connection.parent / name for name in LOGS]
+        return "\n".join(f"--- {log.name}:\n{log.read_text(errors='replace')[-3000:]}" for log in logs if log.exists())
 
     def run(self, code: str, timeout: float = 300) -> Cell:
         cell = Cell(status="")
@@ -61,7 +67,11 @@ class JobKernel:
         # stop_on_error=False: ipykernel 7 aborts an execute request that reaches it in the instant after an error
         # reply (its abort flag is cleared by a message it queues itself). A person never sends that fast; a test
         # does, and would see 'aborted' for a cell that followed an error. Nothing is ever queued here anyway.
-        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=hook, stop_on_error=False)
+        try:
+            reply = self.client.execute_interactive(code, timeout=timeout, output_hook=hook, stop_on_error=False)
+        except TimeoutError:
+            raise TimeoutError(f"no reply within {timeout:g} s; the cell printed:\n{cell.stdout[-3000:]}\n"
+                               f"{self._logs()}") from None
         cell.status = reply["content"]["status"]
         return cell
 
