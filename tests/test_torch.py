@@ -145,6 +145,26 @@ def test_a_slow_framework_start_says_where_it_waits(world: JobKernel) -> None:
     world.run("calls.SLOW_INIT = 60")
 
 
+def test_a_framework_start_that_fails_on_one_rank_does_not_leave_the_others_waiting(world: JobKernel) -> None:
+    """Rank 1's torch start fails (its boot thread's error, standing in for a broken import on one node) while the
+    others wait for it in init_process_group: within FAILED_INIT_GRACE the cell stops the world and shows rank 1's
+    traceback, instead of waiting out torch's own timeout (Horovod over MPI has none)."""
+    assert world.run("%hpc restart").status == "ok"
+    assert world.run("from jupyter_hpcai.engines import current\ncurrent().view().activate()").status == "ok"
+    broken = world.run("%%px --block\nimport concurrent.futures as cf, os\nimport jupyter_hpcai.ranks.calls as calls\n"
+                       "if os.environ['SLURM_PROCID'] == '1':\n    calls._booting['torch'] = cf.Future()\n"
+                       "    calls._booting['torch'].set_exception(ImportError('libtorch_cpu.so: cannot open shared "
+                       "object file'))")
+    assert broken.status == "ok", broken.error
+    cell = world.run("%%torchrun\ndist.get_world_size()")
+    assert cell.status == "error", cell.stdout
+    assert "initialising torch failed on some ranks while the others waited for them" in cell.error, cell.error
+    assert "---- rank 1 on n1: ImportError ----" in cell.error and "libtorch_cpu.so" in cell.error, cell.error
+    assert "the engines were stopped" in cell.error
+    assert world.run("%hpc restart").status == "ok"
+    assert world.run("%%torchrun\ndist.get_world_size()").result == "4"
+
+
 def test_nccl_without_a_gpu_fails_clearly(world: JobKernel) -> None:
     cell = world.run("%%torchrun --timeout 60\ndist.new_group(backend='nccl')")
     assert cell.status == "error" and "4 of 4 ranks failed" in cell.error

@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -21,6 +21,9 @@ from .output import OUTPUT_MODES, RankFailure, Streamer, Streams, Write
 from .running_set import RunningSet
 
 CONTINUITY = "__import__('jupyter_hpcai.ranks.continuity', fromlist=['hpc'])"  # the ranks' walltime API
+# seconds the other ranks may take to fail too once one rank's framework initialisation failed; past it, they are
+# taken as waiting for it in the framework's collective start (Horovod's over MPI has no timeout)
+FAILED_INIT_GRACE = 10.0
 Outcomes = dict[int, dict[str, Any]]  # each rank's calls.run_cell report, by rank
 
 
@@ -129,7 +132,7 @@ class Cell:
         outcomes = self._request(code, first_line, push, None, output, initialising=None)
         failed = {rank: o for rank, o in outcomes.items() if not o["ok"]}
         if failed:
-            self.write(self._tracebacks(failed))
+            self.write(self.tracebacks(failed))
             summary = ", ".join(f"{r} ({o['ename']}: {o['evalue'][:80]})" for r, o in sorted(failed.items()))
             raise RankFailure(f"{len(failed)} of {len(outcomes)} ranks failed: {summary}",
                               "the tracebacks above show each failing rank; the engines are still running", outcomes)
@@ -149,7 +152,7 @@ class Cell:
             freed = whole.wait(10)
             streamer.feed(_texts(whole), final=True)
             if not freed:  # blocked in C (a collective), where SIGINT waits
-                self.write(f"some ranks are still busy after the interrupt; where each rank is:\n{self._where_stuck()}"
+                self.write(f"some ranks are still busy after the interrupt; where each rank is:\n{self.where_stuck()}"
                            "\n%hpc restart frees them\n")
             raise
         whole.wait_for_output(10)  # a result can arrive before the last of its rank's output does
@@ -157,7 +160,7 @@ class Cell:
         outcomes = dict(enumerate(whole.get()))
         failed = {rank: o for rank, o in outcomes.items() if o.get("setup")}
         if failed:
-            raise HPCAIError(f"initialising {initialising} failed on the ranks:\n{self._tracebacks(failed)}",
+            raise HPCAIError(f"initialising {initialising} failed on the ranks:\n{self.tracebacks(failed)}",
                              "fix the cause above, then %hpc restart")
         return outcomes
 
@@ -165,17 +168,15 @@ class Cell:
         """Stream output until every rank is done; stop the world on a dead rank, a dead controller or the timeout.
         ``initialising``: the framework this cell initialises first (ranks that die then died of its init)."""
         world = self.world
-        started = time.monotonic()
-        deadline = started + self.timeout if self.timeout else None
-        slow_at = started + calls.SLOW_INIT if initialising else None
+        deadline = time.monotonic() + self.timeout if self.timeout else None
+        init = InitWatch(self, whole, initialising) if initialising else None
         while True:
             done = whole.wait(0.1)
             if done and whole.successful():  # run_cell returns every outcome; only a rank's death fails it
                 return
             streamer.feed(_texts(whole))
-            if slow_at and time.monotonic() > slow_at and not done:
-                slow_at = None
-                self.write(self._slow_init(whole, initialising))
+            if init is not None and not done:
+                init.check(streamer)
             if not world.controller_alive():
                 self.lost()
                 raise RankFailure("the ipyparallel controller died, so the ranks can no longer be reached; they were "
@@ -201,21 +202,12 @@ class Cell:
                 stuck = [rank for rank, msg_id in enumerate(whole.msg_ids) if msg_id in outstanding]
                 streamer.feed(_texts(whole), final=True)
                 hosts = ", ".join(f"rank {r} on {world.ranks[r].host}" for r in stuck)
-                where = self._where_stuck()
+                where = self.where_stuck()
                 self.lost()
                 raise RankFailure(f"timed out after {self.timeout:g} s; still running: {hosts} "
                                   "(stuck, e.g. waiting in a collective for a rank that never joined). "
                                   f"Where each rank was:\n{where}\nThe engines were stopped",
                                   "bring the world back with %hpc restart")
-
-    def _slow_init(self, whole: Any, framework: str | None) -> str:
-        """Said once when initialising ``framework`` outlasts SLOW_INIT: the ranks not done, and where each is."""
-        outstanding = self.world.connected.outstanding
-        waiting = ", ".join(f"rank {rank} on {self.world.ranks[rank].host}" for rank, msg_id in enumerate(whole.msg_ids)
-                            if msg_id in outstanding)
-        return (f"hpcai: initialising {framework} has taken over {calls.SLOW_INIT:g} s; not done yet: {waiting}. Where "
-                f"each rank is:\n{self._where_stuck()}\nStill waiting: interrupt the cell to stop, then %hpc restart "
-                "to start the ranks again\n")
 
     def _survivors_free(self, whole: Any, wait: float = 60) -> bool:
         """Whether the surviving ranks finished their part of the cell (a collective with a dead peer fails on
@@ -238,17 +230,62 @@ class Cell:
                 time.sleep(0.1)
         return free()
 
-    def _tracebacks(self, failed: Outcomes) -> str:
+    def tracebacks(self, failed: Outcomes) -> str:
         """Each failing rank's traceback under a line naming the rank, its host and the error."""
         return "".join(f"---- rank {rank} on {self.world.ranks[rank].host}: {o['ename']} ----\n{o['traceback']}"
                        for rank, o in sorted(failed.items()))
 
-    def _where_stuck(self) -> str:
+    def where_stuck(self) -> str:
         """The ranks' grouped stacks for an error message, or why there are none."""
         try:
             return rank_stacks.render(self.world.stacks())
         except HPCAIError as err:
             return f"(no stacks: {err.message})"
+
+
+@dataclass
+class InitWatch:
+    """While a cell's ranks initialise ``framework`` (the cell's ``whole`` request): past calls.SLOW_INIT, say once
+    which ranks it waits for and where each is; once some ranks failed and the others have not ended within
+    FAILED_INIT_GRACE, stop the world (they wait for those in the framework's collective start)."""
+
+    cell: Cell
+    whole: Any
+    framework: str
+    started: float = field(default_factory=time.monotonic)
+    said_slow: bool = False
+    failed_at: float | None = None  # when a rank's failure was first seen
+
+    def check(self, streamer: Streamer) -> None:
+        now = time.monotonic()
+        if not self.said_slow and now - self.started > calls.SLOW_INIT:
+            self.said_slow = True
+            self.cell.write(self._slow())
+        failed = _setup_failures(self.whole)
+        if failed:
+            self.failed_at = self.failed_at or now
+        if failed and now - self.failed_at > FAILED_INIT_GRACE:  # type: ignore[operator]
+            streamer.feed(_texts(self.whole), final=True)
+            self.cell.lost()
+            raise HPCAIError(f"initialising {self.framework} failed on some ranks while the others waited for them "
+                             f"in its start, so the engines were stopped:\n{self.cell.tracebacks(failed)}",
+                             "fix the cause above, then %hpc restart")
+
+    def _slow(self) -> str:
+        world = self.cell.world
+        outstanding = world.connected.outstanding
+        waiting = ", ".join(f"rank {rank} on {world.ranks[rank].host}" for rank, msg_id in enumerate(self.whole.msg_ids)
+                            if msg_id in outstanding)
+        return (f"hpcai: initialising {self.framework} has taken over {calls.SLOW_INIT:g} s; not done yet: {waiting}. "
+                f"Where each rank is:\n{self.cell.where_stuck()}\nStill waiting: interrupt the cell to stop, then "
+                "%hpc restart to start the ranks again\n")
+
+
+def _setup_failures(whole: Any) -> Outcomes:
+    """The ranks whose part of ``whole`` has ended with its setup (the framework's initialisation) failed."""
+    ended = {rank: child.result() for rank, child in enumerate(whole._children)
+             if child.done() and child.exception() is None}
+    return {rank: o for rank, o in ended.items() if isinstance(o, dict) and o.get("setup")}
 
 
 def _texts(whole: Any) -> Streams:
