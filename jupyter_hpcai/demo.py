@@ -8,6 +8,7 @@ import json
 import os
 import pwd
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from .asuser import as_user
 from .devcluster import DevCluster
 from .envs import Builder, EnvStore, load_recipe, open_env
 from .errors import HPCAIError
-from .paths import kept_secret, open_private, private_dir
+from .paths import open_private, private_dir, write_private
 from .proc import run, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -200,8 +201,8 @@ def prepare(say: Say) -> HubProcess:
             for line in copy_examples(DEMO_USER):
                 say(line)
             state = paths.hub_dir()
-            hub = HubProcess(state, int(os.environ.get("HPCAI_HUB_PORT", "8000")), password=kept_secret(state, "password"),
-                             token=kept_secret(state, "api_token"))
+            hub = HubProcess(state, int(os.environ.get("HPCAI_HUB_PORT", "8000")), password=_secret(state, "password"),
+                             token=_secret(state, "api_token"))
             if not hub.answers():
                 hub.start()
             hub.api("POST", f"/users/{DEMO_USER}")
@@ -284,6 +285,13 @@ def copy_examples(user: str) -> list[str]:
     return [f"example notebook: {home / r['name']}" if r["copied"] else
             f"kept {home / r['name']}: changed since it was copied (delete it to get the current example)"
             for r in replies if r["name"] in examples]  # only the names sent: the user's process may be tampered with
+
+
+def _secret(state: Path, name: str) -> str:
+    path = private_dir(state) / name
+    if not path.exists():
+        write_private(path, secrets.token_hex(12))
+    return path.read_text().strip()
 
 
 # (step, cell, what its output must show: patterns that must all match; the step's line shows the first one's match)

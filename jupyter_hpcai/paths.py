@@ -6,7 +6,6 @@ Nothing here points into the source checkout: run-time state lives outside it.
 from __future__ import annotations
 
 import os
-import secrets
 import tomllib
 from pathlib import Path
 from typing import IO, Any
@@ -99,13 +98,3 @@ def write_private(path: Path, text: str) -> None:
     """Write a secret (a password, a token) into a file only its owner can read."""
     with open_private(path) as out:
         out.write(text)
-
-
-def kept_secret(folder: Path, name: str) -> str:
-    """The secret in ``folder/name``, made (random, its owner's alone) the first time and the same after: the
-    proxy's token is one, so that a hub restarted finds its proxy still running and keeps it, and with it every
-    user's connection."""
-    path = private_dir(folder) / name
-    if not path.exists():
-        write_private(path, secrets.token_hex(24))
-    return path.read_text().strip()

@@ -16,7 +16,6 @@ from pathlib import Path
 import jupyter_hpcai.spawner
 
 from jupyter_hpcai.devcluster import DevCluster
-from jupyter_hpcai.paths import kept_secret
 
 c = get_config()  # noqa: F821
 hub_dir = os.environ.get("HPCAI_HUB_DIR", "/var/lib/hpcai/hub")
@@ -35,8 +34,6 @@ c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{os.environ.get('HPCAI_PROX
 c.JupyterHub.db_url = f"sqlite:///{hub_dir}/jupyterhub.sqlite"
 c.JupyterHub.cookie_secret_file = f"{hub_dir}/cookie_secret"
 c.ConfigurableHTTPProxy.pid_file = f"{hub_dir}/proxy.pid"
-# the proxy's token, kept: a restarted hub finds its proxy running and keeps it (and every user's connection)
-c.ConfigurableHTTPProxy.auth_token = kept_secret(Path(hub_dir), "proxy_auth_token")
 c.JupyterHub.cleanup_servers = False  # notebook jobs outlive a hub restart and are picked up again
 c.JupyterHub.cleanup_proxy = False
 

@@ -278,12 +278,9 @@ def test_forty_users_at_once(devcluster, tmp_path: Path, bench: list[str]) -> No
                 victim = sorted(ready)[0]
                 subprocess.run(["scancel", "--user", victim], check=True, timeout=30)
                 RESTARTING.set()
-                proxy = (hub.state / "proxy.pid").read_text()
                 hub.stop()  # mid-storm: servers starting, others up
                 hub.start()
                 RESTARTING.clear()
-                # the proxy's token is kept (demo config): the restarted hub kept the proxy, and every connection
-                assert (hub.state / "proxy.pid").read_text() == proxy, "the restarted hub restarted its proxy"
                 return {victim}
 
             storm, lost = _storm(hub, USERS, kill_and_restart if mode == "shared" else None)
