@@ -79,10 +79,14 @@ class Spawned:
 
 
 def _hub_secrets(hub: Hub) -> dict[str, str]:
-    """The hub's admin token and the proxy's auth token (from the hub process's own environment)."""
-    environ = Path(f"/proc/{hub.proc.pid}/environ").read_bytes().split(b"\0")  # type: ignore[union-attr]
+    """The hub's admin token and the proxy's auth token. JupyterHub puts the latter only into the environment it
+    starts the proxy with, so it is read there (the proxy's pid file names it), never from the hub's own."""
+    proxy = int((hub.state / "proxy.pid").read_text())
+    environ = Path(f"/proc/{proxy}/environ").read_bytes().split(b"\0")
     found = dict(item.decode(errors="replace").split("=", 1) for item in environ if b"=" in item)
-    return {"the hub's admin token": hub.token, **{k: found[k] for k in ("CONFIGPROXY_AUTH_TOKEN",) if found.get(k)}}
+    token = found.get("CONFIGPROXY_AUTH_TOKEN", "")
+    assert len(token) >= 32, "the proxy runs without an auth token of its own"
+    return {"the hub's admin token": hub.token, "the proxy's auth token": token}
 
 
 def _watch_alice(secrets_: dict[str, str], done: threading.Event, seen: dict[str, object]) -> None:

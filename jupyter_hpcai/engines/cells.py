@@ -24,6 +24,7 @@ CONTINUITY = "__import__('jupyter_hpcai.ranks.continuity', fromlist=['hpc'])"  #
 # seconds the other ranks may take to fail too once one rank's framework initialisation failed; past it, they are
 # taken as waiting for it in the framework's collective start (Horovod's over MPI has no timeout)
 FAILED_INIT_GRACE = 10.0
+STACKS_WITHIN = 15.0  # seconds the slow-start notice waits for the ranks' stacks (the watch pauses meanwhile)
 Outcomes = dict[int, dict[str, Any]]  # each rank's calls.run_cell report, by rank
 
 
@@ -235,10 +236,10 @@ class Cell:
         return "".join(f"---- rank {rank} on {self.world.ranks[rank].host}: {o['ename']} ----\n{o['traceback']}"
                        for rank, o in sorted(failed.items()))
 
-    def where_stuck(self) -> str:
+    def where_stuck(self, timeout: float = 60) -> str:
         """The ranks' grouped stacks for an error message, or why there are none."""
         try:
-            return rank_stacks.render(self.world.stacks())
+            return rank_stacks.render(self.world.stacks(timeout=timeout))
         except HPCAIError as err:
             return f"(no stacks: {err.message})"
 
@@ -260,7 +261,8 @@ class InitWatch:
         now = time.monotonic()
         if not self.said_slow and now - self.started > calls.SLOW_INIT:
             self.said_slow = True
-            self.cell.write(self._slow())
+            if notice := self._slow():
+                self.cell.write(notice)
         failed = _setup_failures(self.whole)
         if failed:
             self.failed_at = self.failed_at or now
@@ -272,13 +274,17 @@ class InitWatch:
                              "fix the cause above, then %hpc restart")
 
     def _slow(self) -> str:
+        """The notice: the ranks not done and where each is (read within STACKS_WITHIN, the watch waiting); empty
+        if every rank is done by now."""
         world = self.cell.world
         outstanding = world.connected.outstanding
         waiting = ", ".join(f"rank {rank} on {world.ranks[rank].host}" for rank, msg_id in enumerate(self.whole.msg_ids)
                             if msg_id in outstanding)
+        if not waiting:
+            return ""
         return (f"hpcai: initialising {self.framework} has taken over {calls.SLOW_INIT:g} s; not done yet: {waiting}. "
-                f"Where each rank is:\n{self.cell.where_stuck()}\nStill waiting: interrupt the cell to stop, then "
-                "%hpc restart to start the ranks again\n")
+                f"Where each rank is:\n{self.cell.where_stuck(STACKS_WITHIN)}\nStill waiting: interrupt the cell to "
+                "stop, then %hpc restart to start the ranks again\n")
 
 
 def _setup_failures(whole: Any) -> Outcomes:

@@ -134,6 +134,7 @@ def init_framework(framework: Framework, params: dict[str, Any], again: bool = F
         return {"initialised": False, **ns["_hpcai_framework_info"]}
     booting = _booting.pop(framework.name, None)
     handles = _booted(framework.name, booting) if booting is not None else None
+    _boot_threads.pop(framework.name, None)
     names, info = handles if handles is not None and not again else framework.init(params)
     ns.update(names)
     ns["_hpcai_framework"], ns["_hpcai_framework_info"] = framework.name, info
