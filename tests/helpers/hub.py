@@ -40,7 +40,8 @@ class Hub(HubProcess):
         return self.proc
 
     def stop(self, proxy: bool = False) -> None:
-        """Stop the hub (and the proxy too, when asked: a hub restart keeps it)."""
+        """Stop the hub (and the proxy too, when asked; else the next start finds the proxy by its pid file and
+        replaces it, as JupyterHub does)."""
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(timeout=60)
@@ -48,7 +49,7 @@ class Hub(HubProcess):
             super().stop()
 
     def kill(self) -> None:
-        """SIGKILL the hub (its proxy keeps running, as after a crash)."""
+        """SIGKILL the hub (its proxy runs on until the next start replaces it, as after a crash)."""
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=60)
