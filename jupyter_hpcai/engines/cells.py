@@ -199,10 +199,8 @@ class Cell:
             if done:
                 return  # failed otherwise: get() raises it
             if deadline and time.monotonic() > deadline:
-                outstanding = world.connected.outstanding
-                stuck = [rank for rank, msg_id in enumerate(whole.msg_ids) if msg_id in outstanding]
+                hosts = self.still_running(whole)
                 streamer.feed(_texts(whole), final=True)
-                hosts = ", ".join(f"rank {r} on {world.ranks[r].host}" for r in stuck)
                 where = self.where_stuck()
                 self.lost()
                 raise RankFailure(f"timed out after {self.timeout:g} s; still running: {hosts} "
@@ -230,6 +228,12 @@ class Cell:
             while time.monotonic() < end and not free():
                 time.sleep(0.1)
         return free()
+
+    def still_running(self, whole: Any) -> str:
+        """The ranks whose part of ``whole`` has not ended, by rank and host."""
+        outstanding = self.world.connected.outstanding
+        return ", ".join(f"rank {rank} on {self.world.ranks[rank].host}" for rank, msg_id in enumerate(whole.msg_ids)
+                         if msg_id in outstanding)
 
     def tracebacks(self, failed: Outcomes) -> str:
         """Each failing rank's traceback under a line naming the rank, its host and the error."""
@@ -264,9 +268,10 @@ class InitWatch:
             if notice := self._slow():
                 self.cell.write(notice)
         failed = _setup_failures(self.whole)
-        if failed:
-            self.failed_at = self.failed_at or now
-        if failed and now - self.failed_at > FAILED_INIT_GRACE:  # type: ignore[operator]
+        if not failed:
+            return
+        self.failed_at = self.failed_at or now
+        if now - self.failed_at > FAILED_INIT_GRACE:
             streamer.feed(_texts(self.whole), final=True)
             self.cell.lost()
             raise HPCAIError(f"initialising {self.framework} failed on some ranks while the others waited for them "
@@ -276,10 +281,7 @@ class InitWatch:
     def _slow(self) -> str:
         """The notice: the ranks not done and where each is (read within STACKS_WITHIN, the watch waiting); empty
         if every rank is done by now."""
-        world = self.cell.world
-        outstanding = world.connected.outstanding
-        waiting = ", ".join(f"rank {rank} on {world.ranks[rank].host}" for rank, msg_id in enumerate(self.whole.msg_ids)
-                            if msg_id in outstanding)
+        waiting = self.cell.still_running(self.whole)
         if not waiting:
             return ""
         return (f"hpcai: initialising {self.framework} has taken over {calls.SLOW_INIT:g} s; not done yet: {waiting}. "
