@@ -59,7 +59,6 @@ c.Spawner.env_keep = ["PATH", "LANG", "LC_ALL", "SLURM_CONF", "HPCAI_ENV_PATH", 
 c.Spawner.start_timeout = 300
 c.Spawner.http_timeout = 120
 c.Spawner.poll_interval = 10
-c.HPCSlurmSpawner.batchspawner_singleuser_cmd = f"{sys.prefix}/bin/batchspawner-singleuser"
 c.HPCSlurmSpawner.startup_poll_interval = 0.5
 c.HPCSlurmSpawner.profiles = [
     {"name": "1 node, 1 GPU (debug)", "partition": "debug", "nodes": 1, "gpus_per_node": 1, "walltime": "01:00:00",

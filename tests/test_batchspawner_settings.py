@@ -131,7 +131,8 @@ def test_the_settings_it_uses_reach_the_job_script(devcluster, tmp_path: Path,  
     export = next(line for line in header if line.startswith("#SBATCH --export="))
     assert "HPCAI_SITE_TEST" in export.split("=", 1)[1].split(","), export
     lines = script.splitlines()
-    server = next(i for i, line in enumerate(lines) if line.endswith(" &") and "batchspawner-singleuser" in line)
+    launcher = f"{sys.prefix}/bin/hpcai-singleuser {sys.prefix}/bin/jupyterhub-singleuser "  # the same venv's
+    server = next(i for i, line in enumerate(lines) if line.endswith(" &") and launcher in line)
     assert lines.index("echo prologue-ran") < server < lines.index("echo epilogue-ran"), script
     # Slurm reads it as a job script (without the reservation and QOS, which this dev cluster does not have)
     tried = script.replace("#SBATCH --reservation=maint\n", "").replace("#SBATCH --qos=normal\n", "")

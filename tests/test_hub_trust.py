@@ -14,6 +14,7 @@ import pwd
 import signal
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from helpers.record import attack
+from helpers.sockets import listeners
 from helpers.hub import BOB, USER, Hub, as_user, ensure_user, every_gpu_held
 from jupyter_hpcai import allocation, slurm
 from jupyter_hpcai.errors import HPCAIError
@@ -51,6 +53,17 @@ def _server_token(job: str) -> str:
         return None
 
     return wait_until(found, timeout=30, what="alice's server token")
+
+
+def _listening_uids(addr: str, port: int) -> set[int]:
+    """The owners (uids) of the TCP sockets listening on ``addr:port``, in the node network namespaces of the dev
+    cluster (the host's own, when its nodes share it)."""
+    namespaces = [f"--net={ns}" for ns in sorted(Path("/run/netns").glob("hpcai-*"))] or ["--net=/proc/1/ns/net"]
+    uids = set()
+    for ns in namespaces:
+        table = subprocess.run(["nsenter", ns, "cat", "/proc/net/tcp"], capture_output=True, text=True, timeout=10)
+        uids |= {found.uid for found in listeners(table.stdout, port, addr)}
+    return uids
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +106,13 @@ def test_a_server_reports_its_port_and_sets_nothing_else(hub: Hub, server: dict[
     log = Path(hub.log).read_text(errors="replace")
     attack("the refused bodies reach the hub's log", "id >" not in log and "Refused a port report for" in log,
            "the log names the user and the reason, never the body" if "id >" not in log else "the body is logged")
-    # control: the port her server reported at start is the one the hub reaches it at
+    # control: the port her server reported at start is the one the hub reaches it at, and her server holds it
     status, _ = hub.api("GET", f"/users/{USER}")
     assert status == 200 and after["ready"]
+    target = urllib.parse.urlsplit(hub.api("GET", "/proxy")[1][f"/user/{USER}/"]["target"])
+    holders = _listening_uids(str(target.hostname), int(target.port or 0))
+    attack("alice's route leads to a port her server does not hold", holders == {pwd.getpwnam(USER).pw_uid},
+           f"{target.netloc} is listened on by uids {sorted(holders)}")
     hub.stop_server()
     gone = wait_until(lambda: slurm.job_info(server["job"]) is None
                       or slurm.job_info(server["job"])["JobState"] not in ("RUNNING", "PENDING") or None,

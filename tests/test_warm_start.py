@@ -21,7 +21,7 @@ def _script(start_engines: bool) -> str:
     profile = Profile(name="2x2", partition="gpu", nodes=2, gpus_per_node=2, start_engines=start_engines)
     options = SpawnOptions(profile="2x2", partition="gpu", nodes=2, gpus_per_node=2, walltime="01:00:00")
     return script.render(options, profile, user="alice", homedir="/home/alice", keepvars="PATH",
-                         cmd=["batchspawner-singleuser", "jupyterhub-singleuser"])
+                         cmd=["hpcai-singleuser", "jupyterhub-singleuser"])
 
 
 def test_the_profile_setting_reaches_the_job() -> None:
@@ -29,7 +29,7 @@ def test_the_profile_setting_reaches_the_job() -> None:
     assert "\nexport HPCAI_START_ENGINES=1\n" in on and "\nexport HPCAI_START_ENGINES=0\n" in off  # the default: off
     starter = '"$hpcai_python" -m jupyter_hpcai.engines.warm & fi\n'
     assert on.index("server=$!") < on.index(starter) and starter not in off  # beside the server, only when asked
-    assert 'readlink -f "$(command -v batchspawner-singleuser)"' in on  # the python of the server's own venv
+    assert 'readlink -f "$(command -v hpcai-singleuser)"' in on  # the python of the server's own venv
 
 
 def _allocation(nodes: int, gpus: int) -> Allocation:

@@ -27,6 +27,7 @@ from .progress import pending_message
 from .scheduler import Scheduler, Settings
 
 LOG_TAIL_BYTES = 8192  # of a failed job's log, shown on the spawn page
+LAUNCHER = "hpcai-singleuser"  # the job's server start (server/singleuser.py)
 # All a command the hub runs as a user gets of the hub's own environment (which holds the hub's secrets, and
 # which sudo -E would pass on for the user to read in /proc): nothing but where the programs and Slurm are.
 COMMAND_ENV = ("PATH", "LANG", "LC_ALL", "SLURM_CONF")
@@ -162,7 +163,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     def job_script(self) -> str:
         """The script this spawner would submit for its user_options (also `hpcai spawner preview`)."""
         options, profile = self._validate(self.user_options or {})
-        cmd = [self.batchspawner_singleuser_cmd, *self.cmd, *self.get_args()]
+        cmd = [self.launcher(), *self.cmd, *self.get_args()]
         if options.environment:
             cmd.append(f"--MappingKernelManager.default_kernel_name=hpcai-{options.environment.lower()}")
         keepvars = {*self.get_env(), *compat.extra_variables(self.req_keepvars_extra)}
@@ -173,6 +174,12 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
                              prologue=self.req_prologue, epilogue=self.req_epilogue, bind_node_address=not self.bind_ip,
                              walltime_warning=self.walltime_warning if profile.walltime_warning is None
                              else profile.walltime_warning, after=self.follows)
+
+    def launcher(self) -> str:
+        """hpcai-singleuser beside the server command (the same venv), or from PATH when that is a bare name: it
+        runs the server, which reports its port once it listens (server/port_report.py)."""
+        server = self.cmd[0] if self.cmd else "jupyterhub-singleuser"
+        return str(Path(server).with_name(LAUNCHER)) if "/" in server else LAUNCHER
 
     def job_log_folder(self) -> str:
         """The user's job log folder: job_log_dir under their home, or as given with {username}."""

@@ -1,0 +1,72 @@
+"""The notebook job's server tells the hub its port once it listens there (runs in the Jupyter server, as the
+user). ``hpcai-singleuser`` (singleuser.py) asks for it; the server extension (__init__.py) runs ``report`` on the
+server's loop.
+
+batchspawner's launcher reported a port it had only seen free, and then started the server: a server that found
+the port taken by then listened elsewhere without a word (jupyter_server's port_retries), and the hub routed the
+user to whatever held the reported port, another user's server or a process waiting for her cookies. Reported
+from inside the server, the port is held by that server before the hub hears of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from typing import Any
+
+wanted = False  # hpcai-singleuser sets it, in this process, before it runs the server
+LISTEN_WITHIN = 120.0  # seconds for the server to listen before it gives up reporting
+TRIES = 5  # posts to the hub while it cannot be reached (it may be restarting)
+
+
+def listening_port(server_app: Any) -> int | None:
+    """The TCP port the server's HTTP server listens on, once it does (IPv4 and IPv6 sockets share it)."""
+    sockets = getattr(getattr(server_app, "http_server", None), "_sockets", {})  # tornado TCPServer: fd -> socket
+    ports = {s.getsockname()[1] for s in sockets.values() if s.family in (socket.AF_INET, socket.AF_INET6)}
+    return ports.pop() if len(ports) == 1 else None
+
+
+def post_port(port: int) -> None:
+    """POST {"port": port} to the hub with the server's own token (HubAuth reads the job's environment); raises
+    ``requests`` errors."""
+    import requests
+    from jupyterhub.services.auth import HubAuth
+    from jupyterhub.utils import url_path_join
+
+    auth = HubAuth()
+    tls: dict[str, Any] = {}
+    if auth.certfile and auth.keyfile:  # the hub's internal_ssl
+        tls["cert"] = (auth.certfile, auth.keyfile)
+    if auth.client_ca:
+        tls["verify"] = auth.client_ca
+    for attempt in range(TRIES):
+        try:
+            answer = requests.post(url_path_join(auth.api_url, "batchspawner"), json={"port": port}, timeout=30,
+                                   headers={"Authorization": f"token {auth.api_token}"}, **tls)
+            break
+        except requests.ConnectionError:
+            if attempt == TRIES - 1:
+                raise
+            time.sleep(2 ** attempt)
+    answer.raise_for_status()
+
+
+async def report(server_app: Any) -> None:
+    """Once the server listens, report its port; a server that cannot is stopped, so that its job ends and the
+    hub's spawn fails with the job's log, instead of waiting out start_timeout."""
+    deadline = time.monotonic() + LISTEN_WITHIN
+    while (port := listening_port(server_app)) is None:
+        if time.monotonic() > deadline:
+            server_app.log.error("jupyter_hpcai: the server does not listen on one TCP port after %g s; no port "
+                                 "to report to the hub", LISTEN_WITHIN)
+            server_app.stop()
+            return
+        await asyncio.sleep(0.05)
+    try:
+        await asyncio.to_thread(post_port, port)
+    except Exception as err:  # requests' errors and the hub's refusal alike
+        server_app.log.error("jupyter_hpcai: could not report port %d to the hub (%s); stopping", port, err)
+        server_app.stop()
+        return
+    server_app.log.info("jupyter_hpcai: reported port %d to the hub", port)

@@ -1,0 +1,151 @@
+"""The notebook job's server start (hpcai-singleuser): the real jupyterhub-singleuser reports its port to the hub
+only once it listens there, and never a port another process holds. The hub here is a small HTTP endpoint of the
+test's (on loopback) that records the report and, as it arrives, looks at who listens on the reported port."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from helpers.record import attack
+from helpers.sockets import listeners
+from jupyter_hpcai.proc import wait_until
+
+LAUNCHER = str(Path(sys.executable).parent / "hpcai-singleuser")
+SERVER = str(Path(sys.executable).parent / "jupyterhub-singleuser")
+
+
+def _listeners(port: int) -> set[int]:
+    """The socket inodes listening on TCP ``port`` (IPv4 and IPv6)."""
+    return {found.inode for table in ("/proc/net/tcp", "/proc/net/tcp6")
+            for found in listeners(Path(table).read_text(), port)}
+
+
+def _sockets_of(pid: int) -> set[int]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+class FakeHub:
+    """POST /hub/api/batchspawner records the port and, at that moment, which pids' sockets listen on it."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token  # the server's own
+        self.reports: list[dict[str, object]] = []
+        self.server_pid = 0
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # the server's version check and the like
+                self._answer(200, {"version": "6.1.1"})
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.path == "/hub/api/batchspawner":
+                    port = json.loads(body)["port"]
+                    held = _listeners(port)
+                    hub.reports.append({"port": port, "token": self.headers.get("Authorization") == f"token {token}",
+                                        "listening": bool(held),
+                                        "by_server": bool(held) and held <= _sockets_of(hub.server_pid)})
+                    self._answer(201, {"message": "port recorded"})
+                else:
+                    self._answer(200, {})
+
+            def _answer(self, status: int, body: dict[str, object]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.http.server_address[1]
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def hub() -> Iterator[FakeHub]:
+    fake = FakeHub(secrets.token_hex(16))
+    yield fake
+    fake.http.shutdown()
+
+
+def _start(hub: FakeHub, token: str, service_port: int, tmp_path: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "JUPYTERHUB_API_TOKEN": token, "JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub.port}/hub/api",
+           "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{service_port}/user/alice/",
+           "JUPYTERHUB_SERVICE_PREFIX": "/user/alice/", "JUPYTERHUB_BASE_URL": "/", "JUPYTERHUB_USER": "alice",
+           "JUPYTERHUB_CLIENT_ID": "jupyterhub-user-alice", "JUPYTERHUB_HOST": "",
+           "JUPYTERHUB_OAUTH_CALLBACK_URL": "/user/alice/oauth_callback", "HOME": str(tmp_path),
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTER_CONFIG_DIR": str(tmp_path / "config")}
+    return subprocess.Popen([LAUNCHER, SERVER, "--allow-root", f"--ServerApp.root_dir={tmp_path}"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
+
+
+def test_the_server_reports_the_port_it_listens_on_never_one_another_holds(hub: FakeHub, tmp_path: Path) -> None:
+    """bob listens on the port in alice's JUPYTERHUB_SERVICE_URL (where a server that retried ports would have gone
+    elsewhere while the hub routed her to bob): her server reports the port its own socket listens on."""
+    bob = socket.create_server(("127.0.0.1", 0))
+    server = _start(hub, hub.token, bob.getsockname()[1], tmp_path)
+    hub.server_pid = server.pid
+    try:
+        report = wait_until(lambda: hub.reports[0] if hub.reports or server.poll() is not None else None,
+                            timeout=90, what="alice's server to report its port")
+        out = b""
+        if server.poll() is not None:
+            out = server.stdout.read() if server.stdout else b""
+        assert hub.reports, out.decode(errors="replace")
+        port = report["port"]
+        attack("bob holds the port in alice's service URL: her server reports his port",
+               port != bob.getsockname()[1], f"she reported {port}, bob holds {bob.getsockname()[1]}")
+        attack("alice's server reports a port before it listens there (another could take it meanwhile)",
+               bool(report["listening"]) and bool(report["by_server"]),
+               f"at the report, port {port} was {'listened on by her server' if report['by_server'] else 'not hers'}")
+        assert report["token"], "the report carries the server's own token"
+        assert len(hub.reports) == 1
+        with socket.create_connection(("127.0.0.1", int(port)), timeout=5):  # control: she is reachable there
+            pass
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        bob.close()
+
+
+def test_a_server_the_hub_refuses_stops(hub: FakeHub, tmp_path: Path) -> None:
+    """A report the hub does not take (403 here) stops the server: its job ends and the spawn fails
+    with the job's log, instead of waiting out the start timeout."""
+
+    def refuse(self: BaseHTTPRequestHandler) -> None:
+        self.send_response(403)
+        self.end_headers()
+
+    hub.http.RequestHandlerClass.do_POST = refuse  # type: ignore[attr-defined]
+    server = _start(hub, hub.token, 1, tmp_path)
+    try:
+        code = server.wait(timeout=90)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    out = server.stdout.read().decode(errors="replace") if server.stdout else ""
+    assert "could not report port" in out and "403" in out, out
+    assert code is not None
