@@ -11,9 +11,11 @@ from inside the server, the port is held by that server before the hub hears of 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import time
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 wanted = False  # hpcai-singleuser sets it, in this process, before it runs the server
 LISTEN_WITHIN = 120.0  # seconds for the server to listen before it gives up reporting
@@ -52,6 +54,15 @@ def post_port(port: int) -> None:
     answer.raise_for_status()
 
 
+def service_url_with(port: int) -> None:
+    """JUPYTERHUB_SERVICE_URL with the port the server listens on, for the kernels and the processes it starts (the
+    hub wrote it before any port was known)."""
+    url = urlsplit(os.environ.get("JUPYTERHUB_SERVICE_URL", ""))
+    if url.hostname:
+        host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
+        os.environ["JUPYTERHUB_SERVICE_URL"] = urlunsplit(url._replace(netloc=f"{host}:{port}"))
+
+
 async def report(server_app: Any) -> None:
     """Once the server listens, report its port; a server that cannot is stopped, so that its job ends and the
     hub's spawn fails with the job's log, instead of waiting out start_timeout."""
@@ -63,6 +74,7 @@ async def report(server_app: Any) -> None:
             server_app.stop()
             return
         await asyncio.sleep(0.05)
+    service_url_with(port)
     try:
         await asyncio.to_thread(post_port, port)
     except Exception as err:  # requests' errors and the hub's refusal alike
