@@ -113,6 +113,18 @@ def _spawner(tmp_path: Path, settings: str):  # type: ignore[no-untyped-def]
     return spawner
 
 
+@pytest.mark.parametrize(("settings", "launcher"), [
+    ("", f"{sys.prefix}/bin/hpcai-singleuser"),  # the demo's cmd: beside its jupyterhub-singleuser
+    ('c.Spawner.cmd = ["jupyterhub-singleuser"]', "hpcai-singleuser"),  # a bare name: the job's PATH
+    ('c.HPCSlurmSpawner.server_launcher = "/site/bin/start-server"', "/site/bin/start-server"),
+])
+def test_the_server_starts_through_the_launcher_that_reports_once_listening(tmp_path: Path, settings: str,
+                                                                            launcher: str) -> None:
+    conf = tmp_path / "conf.py"
+    conf.write_text(f"c = get_config()\nload_subconfig({str(DEMO)!r})\n{settings}\n")
+    assert offline_spawner(conf, USER).launcher() == launcher
+
+
 @pytest.mark.slurm
 def test_the_settings_it_uses_reach_the_job_script(devcluster, tmp_path: Path,  # type: ignore[no-untyped-def]
                                                    monkeypatch: pytest.MonkeyPatch) -> None:

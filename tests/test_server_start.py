@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -18,17 +19,21 @@ from pathlib import Path
 import pytest
 
 from helpers.record import attack
-from helpers.sockets import listeners
+from helpers.sockets import Listener, listeners
 from jupyter_hpcai.proc import wait_until
 
 LAUNCHER = str(Path(sys.executable).parent / "hpcai-singleuser")
 SERVER = str(Path(sys.executable).parent / "jupyterhub-singleuser")
 
 
-def _listeners(port: int) -> set[int]:
-    """The socket inodes listening on TCP ``port`` (IPv4 and IPv6)."""
-    return {found.inode for table in ("/proc/net/tcp", "/proc/net/tcp6")
-            for found in listeners(Path(table).read_text(), port)}
+def _listeners(port: int | None = None) -> list[Listener]:
+    """The sockets listening on TCP ``port`` (any port: None), IPv4 and IPv6."""
+    return [found for table in ("/proc/net/tcp", "/proc/net/tcp6") for found in listeners(Path(table).read_text(), port)]
+
+
+def _listening_ports_of(pid: int) -> set[int]:
+    mine = _sockets_of(pid)
+    return {found.port for found in _listeners() if found.inode in mine}
 
 
 def _sockets_of(pid: int) -> set[int]:
@@ -60,7 +65,7 @@ class FakeHub:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.path == "/hub/api/batchspawner":
                     port = json.loads(body)["port"]
-                    held = _listeners(port)
+                    held = {found.inode for found in _listeners(port)}
                     hub.reports.append({"port": port, "token": self.headers.get("Authorization") == f"token {token}",
                                         "listening": bool(held),
                                         "by_server": bool(held) and held <= _sockets_of(hub.server_pid)})
@@ -147,5 +152,37 @@ def test_a_server_the_hub_refuses_stops(hub: FakeHub, tmp_path: Path) -> None:
         if server.poll() is None:
             server.kill()
     out = server.stdout.read().decode(errors="replace") if server.stdout else ""
-    assert "could not report port" in out and "403" in out, out
+    assert "the hub refused the report of port" in out and "HTTP 403" in out, out
     assert code is not None
+
+
+def test_a_report_the_hub_may_have_recorded_keeps_the_port(hub: FakeHub, tmp_path: Path) -> None:
+    """The hub reads the report and the connection drops before its answer; the repeated report is refused (the
+    port was recorded). The server keeps listening there: a port given up after the hub recorded it is one bob
+    could bind and have alice routed to."""
+    tries: list[int] = []
+
+    def record_then_drop(self: BaseHTTPRequestHandler) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        tries.append(1)
+        if len(tries) == 1:
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self.send_response(400)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    hub.http.RequestHandlerClass.do_POST = record_then_drop  # type: ignore[attr-defined]
+    server = _start(hub, hub.token, 1, tmp_path)
+    hub.server_pid = server.pid
+    try:
+        wait_until(lambda: len(tries) >= 2 or server.poll() is not None or None, timeout=90, what="a repeated report")
+        time.sleep(2)  # what the server does with the refusal
+        still = server.poll() is None and bool(_listening_ports_of(server.pid))
+        attack("a report whose answer was lost frees the port the hub recorded", still,
+               "her server still listens" if still else f"her server exited ({server.poll()}) or stopped listening")
+    finally:
+        server.terminate()
+        out = server.communicate(timeout=30)[0].decode(errors="replace")
+    assert "keeps listening there" in out, out

@@ -29,9 +29,11 @@ def listening_port(server_app: Any) -> int | None:
     return ports.pop() if len(ports) == 1 else None
 
 
-def post_port(port: int) -> None:
-    """POST {"port": port} to the hub with the server's own token (HubAuth reads the job's environment); raises
-    ``requests`` errors."""
+def post_port(port: int) -> tuple[int, bool]:
+    """POST {"port": port} to the hub with the server's own token (HubAuth reads the job's environment): the hub's
+    HTTP status, and whether that answer was to the first request. A request that failed after it was sent may
+    have been recorded: only a refusal of the first request is sure to have left no port in the hub. Raises
+    ``requests`` errors when no answer came."""
     import requests
     from jupyterhub.services.auth import HubAuth
     from jupyterhub.utils import url_path_join
@@ -42,16 +44,17 @@ def post_port(port: int) -> None:
         tls["cert"] = (auth.certfile, auth.keyfile)
     if auth.client_ca:
         tls["verify"] = auth.client_ca
-    for attempt in range(TRIES):
+    attempt = 0
+    while True:
         try:
             answer = requests.post(url_path_join(auth.api_url, "batchspawner"), json={"port": port}, timeout=30,
                                    headers={"Authorization": f"token {auth.api_token}"}, **tls)
-            break
-        except requests.ConnectionError:
-            if attempt == TRIES - 1:
+            return answer.status_code, attempt == 0
+        except requests.ConnectionError:  # the hub restarting; a timeout is not retried
+            attempt += 1
+            if attempt == TRIES:
                 raise
             time.sleep(2 ** attempt)
-    answer.raise_for_status()
 
 
 def service_url_with(port: int) -> None:
@@ -64,8 +67,10 @@ def service_url_with(port: int) -> None:
 
 
 async def report(server_app: Any) -> None:
-    """Once the server listens, report its port; a server that cannot is stopped, so that its job ends and the
-    hub's spawn fails with the job's log, instead of waiting out start_timeout."""
+    """Once the server listens, report its port. A server the hub surely refused stops, so that its job ends and
+    the spawn fails with the job's log instead of waiting out start_timeout. Any other failure keeps the server
+    listening: the hub may have recorded the port, and a port given up after that is one another user could take
+    and be routed to."""
     deadline = time.monotonic() + LISTEN_WITHIN
     while (port := listening_port(server_app)) is None:
         if time.monotonic() > deadline:
@@ -76,9 +81,16 @@ async def report(server_app: Any) -> None:
         await asyncio.sleep(0.05)
     service_url_with(port)
     try:
-        await asyncio.to_thread(post_port, port)
-    except Exception as err:  # requests' errors and the hub's refusal alike
-        server_app.log.error("jupyter_hpcai: could not report port %d to the hub (%s); stopping", port, err)
-        server_app.stop()
+        status, first = await asyncio.to_thread(post_port, port)
+    except Exception as err:  # requests' errors: no answer, so perhaps recorded
+        server_app.log.error("jupyter_hpcai: no answer from the hub to the report of port %d (%s); the server keeps "
+                             "listening there", port, err)
         return
-    server_app.log.info("jupyter_hpcai: reported port %d to the hub", port)
+    if status < 300:
+        server_app.log.info("jupyter_hpcai: reported port %d to the hub", port)
+    elif first:
+        server_app.log.error("jupyter_hpcai: the hub refused the report of port %d (HTTP %d); stopping", port, status)
+        server_app.stop()
+    else:
+        server_app.log.error("jupyter_hpcai: the hub answered HTTP %d to a repeated report of port %d; the server "
+                             "keeps listening there", status, port)

@@ -37,8 +37,8 @@ REFUSED = {
                                     "req_gres", "req_queue")},
     "req_host": "a profile's extra_sbatch: ['--nodelist=HOST']",
     "req_cluster": "one hub per cluster (its SLURM_CONF); the hub's queries do not follow -M",
-    "batchspawner_singleuser_cmd": "nothing: the job runs Spawner.cmd through hpcai-singleuser (beside Spawner.cmd's "
-                                   "first word), whose server reports its port once it listens there; "
+    "batchspawner_singleuser_cmd": "nothing, or HPCSlurmSpawner.server_launcher: the job runs Spawner.cmd through "
+                                   "hpcai-singleuser, whose server reports its port once it listens there; "
                                    "batchspawner-singleuser reported a port before the server held it",
     "req_srun": "nothing: the server runs in the batch step, and %hpc start runs the ranks with srun itself",
     "batch_script": "req_prologue, req_epilogue, req_options, and the profiles' extra_sbatch: HPCSlurmSpawner writes "

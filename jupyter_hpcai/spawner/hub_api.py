@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import hmac
 import json
 import time
 from collections import defaultdict
@@ -59,8 +60,9 @@ def checked_port(body: object) -> int:
 
 def token_spawner(handler: APIHandler) -> Any:
     """The spawner of the request's user whose server's own token made the request, or None."""
-    token = handler.get_auth_token()
-    return next((s for s in handler.current_user.spawners.values() if s.api_token == token), None)
+    token = handler.get_auth_token() or ""
+    return next((s for s in handler.current_user.spawners.values()
+                 if s.api_token and hmac.compare_digest(s.api_token, token)), None)
 
 
 def own_job(handler: APIHandler) -> Any:

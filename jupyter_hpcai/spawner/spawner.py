@@ -71,6 +71,10 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     bind_ip = Unicode("", config=True, help="""Where the notebook server listens on its node. Empty (the default):
         the node's address as Slurm knows it (NodeAddr), found in the job; "0.0.0.0": every interface. The hub
         always connects to the node's NodeAddr.""")
+    server_launcher = Unicode("", config=True, help="""The command that starts Spawner.cmd in the job:
+        hpcai-singleuser, whose server reports its port to the hub once it listens there. Empty (the default): the
+        hpcai-singleuser beside Spawner.cmd's first word (the same venv), or on the job's PATH when that is a bare
+        name. Set it when Spawner.cmd is a wrapper outside the hub's venv.""")
     min_uid = Integer(1000, config=True, help="""The lowest unix uid a server may run as: system accounts (root,
         munge, slurm, daemons) are refused before anything is submitted.""")
     denied_users = Set(Unicode(), config=True, help="Unix accounts that never get a server, whatever their uid.")
@@ -176,8 +180,10 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
                              else profile.walltime_warning, after=self.follows)
 
     def launcher(self) -> str:
-        """hpcai-singleuser beside the server command (the same venv), or from PATH when that is a bare name: it
-        runs the server, which reports its port once it listens (server/port_report.py)."""
+        """server_launcher, else hpcai-singleuser beside the server command (the same venv), or from PATH when that is
+        a bare name: it runs the server, which reports its port once it listens (server/port_report.py)."""
+        if self.server_launcher:
+            return self.server_launcher
         server = self.cmd[0] if self.cmd else "jupyterhub-singleuser"
         return str(Path(server).with_name(LAUNCHER)) if "/" in server else LAUNCHER
 
