@@ -277,7 +277,8 @@ def env_preflight(recipe: Path, as_json: bool) -> None:
 @env.command("import-container")
 @click.argument("source")
 @click.option("--name", required=True, help="The env's name (also its kernel's: hpcai-NAME).")
-@click.option("--mode", help="udocker execution mode (default P1, or HPCAI_UDOCKER_MODE).")
+@click.option("--mode", help="udocker execution mode (default P2, or HPCAI_UDOCKER_MODE; P1 is faster but lost "
+              "files in our tests).")
 @click.option("--python", default="python3", show_default=True, help="The interpreter inside the image.")
 @click.option("--bind", "binds", multiple=True, metavar="SRC[:DST]",
               help="A host path the container sees (repeatable), e.g. a dataset or a shared software tree.")

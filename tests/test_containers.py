@@ -71,13 +71,26 @@ def test_import_list_check_and_a_failed_reimport_keeps_the_env(deb: EnvDir, imag
     listing = _cli("env", "list", store=env_store)
     assert re.search(r"deb\s+│\s+user\s+│\s+container\s+│", listing.stdout), listing.stdout
     check = _cli("env", "check", "deb", store=env_store)
-    assert check.returncode == 0 and "runs (mode P1, python3)" in check.stdout and "warning" not in check.stdout
+    assert check.returncode == 0 and "runs (mode P2, python3)" in check.stdout and "warning" not in check.stdout
     # a mode udocker cannot run here (F1 needs udocker's own fakechroot build): clear error, old build stays
     bad = _cli("env", "import-container", str(image), "--name", "deb", "--mode", "F1", store=env_store)
     assert bad.returncode != 0 and "does not run in mode F1" in bad.stdout and "another --mode" in bad.stdout, bad.stdout
     assert "Traceback" not in bad.stdout + bad.stderr
     assert open_env(deb).build == found.build and len(deb.builds()) == 1
     assert _cli("env", "check", "deb", store=env_store).returncode == 0
+
+
+def test_check_warns_about_mode_p1(udocker: dict[str, str], image: Path, env_store: EnvStore) -> None:
+    """P1 is still selectable, and `env check` of an env in P1 warns (P1 lost files at random here) with the fix."""
+    done = _cli("env", "import-container", str(image), "--name", "deb-p1", "--mode", "P1", store=env_store)
+    assert done.returncode == 0 and "(mode P1)" in done.stdout, done.stdout + done.stderr
+    try:
+        check = _cli("env", "check", "deb-p1", store=env_store)
+        assert check.returncode == 0 and "runs (mode P1, python3)" in check.stdout, check.stdout + check.stderr
+        warning = next((ln for ln in check.stdout.splitlines() if ln.startswith("warning: mode P1")), "")
+        assert "lost files at random" in warning and "--name deb-p1 --mode P2" in warning, check.stdout
+    finally:
+        _cli("env", "remove", "deb-p1", store=env_store)
 
 
 def _docker_save(rootfs_tar: Path, out: Path, tag: str) -> Path:
@@ -214,7 +227,7 @@ def test_the_container_sees_no_secret_and_no_more_of_the_host_than_it_needs(deb_
 def test_interrupt_reaches_the_kernel_inside(deb_kernel: JobKernel, deb: EnvDir) -> None:
     """A signal would reach udocker, not the kernel: the kernelspec asks Jupyter to interrupt by message.
 
-    The cell sleeps in short steps, as a training loop returns to Python between steps: under proot (P1) a SIGINT
+    The cell sleeps in short steps, as a training loop returns to Python between steps: under proot (P modes) a SIGINT
     that lands inside one long blocking call (time.sleep(300)) is seen only when the call returns (measured: the
     second or third such interrupt in a row waited out the whole sleep; in 0.1 s steps, 6 of 6 came at once)."""
     from jupyter_hpcai import kernelspec
@@ -291,7 +304,8 @@ def test_container_vs_native_training_throughput(devcluster, tf_container: Conta
             rates[kind].append(float(found.group(1)))
     native, inside = max(rates["native"]), max(rates["container"])
     assert native > 0 and inside > 0
-    bench.append(f"training throughput, 2 ranks on 2 nodes: udocker P1 container / native = {inside / native:.2f} "
+    bench.append(f"training throughput, 2 ranks on 2 nodes: udocker {tf_container.settings.mode} container / native = "
+                 f"{inside / native:.2f} "
                  f"({inside:.1f} vs {native:.1f} images/sec)")
 
 

@@ -66,7 +66,7 @@ class UdockerRecord(_Record):
     """How udocker ran the import (container.Settings, as recorded)."""
 
     udocker: str
-    mode: str = "P1"
+    mode: str = "P2"
     variables: dict[str, str] = {}
 
 

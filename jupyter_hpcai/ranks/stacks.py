@@ -119,13 +119,16 @@ def _py_spy() -> str | None:
     return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
+TRACED = "the ranks may run under another tracer: udocker's P modes (proot) trace them; use a container mode F or R"
+
+
 def _ptrace_hint() -> str:
     try:
         scope = int(PTRACE_SCOPE.read_text())
     except (OSError, ValueError):
-        return "the ranks may run under another tracer (udocker's P1 mode); use a container mode F or R"
+        return TRACED
     if scope == 0:
-        return "the ranks may run under another tracer (udocker's P1 mode); use a container mode F or R"
+        return TRACED
     # never a capability for py-spy: with CAP_SYS_PTRACE every user could read every process, the hub's included
     return (f"kernel.yama.ptrace_scope is {scope} on this node, and py-spy reads a rank (not a child of its own) only "
             "where it is 0: ask the admins for 0 (sysctl -w kernel.yama.ptrace_scope=0, kept in /etc/sysctl.d/)")
