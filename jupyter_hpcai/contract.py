@@ -1,5 +1,6 @@
 """What crosses a process boundary: every HPCAI_* environment variable, which processes set it, which read it;
-and the files an engine set's kernel and ranks share (the set's folder and its rank table).
+the server's proof of identity to the hub; and the files an engine set's kernel and ranks share (the set's folder
+and its rank table).
 
 Imported by every process (the hub, the job's server, kernels, ranks inside a container image): standard library
 only, nothing from this package.
@@ -7,6 +8,8 @@ only, nothing from this package.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
@@ -144,6 +147,17 @@ _ROWS = [
 VARIABLES: dict[str, Variable] = {v.name: v for v in _ROWS}
 START_ENGINES = "HPCAI_START_ENGINES"
 REST_AFTER = "HPCAI_REST_AFTER"
+
+
+# --- the job's server and the hub ------------------------------------------------------------------------------------
+# Before the hub routes a user to the port their server reported, it asks there for a proof that the answer comes from
+# the server holding that spawner's token (spawner.py _wait_until_listening, server/handlers.py IdentityHandler).
+IDENTITY_PATH = "hpcai/api/identity"  # under the server's base URL: GET ?nonce=<32 hex digits> -> {"proof": ...}
+
+
+def identity_proof(token: str, nonce: str) -> str:
+    """The server's answer to the hub's nonce: HMAC-SHA256 of it under the server's own hub token."""
+    return hmac.new(token.encode(), f"hpcai-identity:{nonce}".encode(), hashlib.sha256).hexdigest()
 
 
 # --- an engine set's folder: <ipyparallel profile>/hpcai-ranks/<cluster id>/, mode 700 ------------------------------

@@ -1,9 +1,12 @@
 """The notebook job's server start (hpcai-singleuser): the real jupyterhub-singleuser reports its port to the hub
-only once it listens there, and never a port another process holds. The hub here is a small HTTP endpoint of the
-test's (on loopback) that records the report and, as it arrives, looks at who listens on the reported port."""
+only once it listens there, and never a port another process holds; the hub's check of what answers on that port
+(HPCSlurmSpawner._wait_until_listening) takes only the server that proves it holds the server's token. The hub here
+is a small HTTP endpoint of the test's (on loopback) that records the report and, as it arrives, looks at who
+listens on the reported port; the check is the real spawner's, made from the demo config."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -20,9 +23,12 @@ import pytest
 
 from helpers.record import attack
 from helpers.sockets import Listener, listeners
+from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
+from jupyter_hpcai.spawner.spawner import offline_spawner
 
 LAUNCHER = str(Path(sys.executable).parent / "hpcai-singleuser")
+DEMO = Path(__file__).resolve().parents[1] / "spawner_config" / "demo_config.py"
 SERVER = str(Path(sys.executable).parent / "jupyterhub-singleuser")
 
 
@@ -186,3 +192,51 @@ def test_a_report_the_hub_may_have_recorded_keeps_the_port(hub: FakeHub, tmp_pat
         server.terminate()
         out = server.communicate(timeout=30)[0].decode(errors="replace")
     assert "keeps listening there" in out, out
+
+
+class Squatter:
+    """bob's process on a port: answers every GET with a made-up proof (bob does not have alice's token)."""
+
+    def __init__(self) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                data = json.dumps({"proof": "0" * 64}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.http.server_address[1]
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+
+def test_the_hub_routes_only_to_the_server_that_proves_its_token(hub: FakeHub, tmp_path: Path) -> None:
+    """bob answers on the port alice's server reported (as he could on a port her server gave up): the hub's check
+    fails her start instead of routing her to him. Control: her real server, on its reported port, passes."""
+    conf = tmp_path / "conf.py"
+    conf.write_text(f"c = get_config()\nload_subconfig({str(DEMO)!r})\n")
+    spawner = offline_spawner(conf, "alice")
+    spawner.api_token, spawner.ip = hub.token, "127.0.0.1"
+    bob = Squatter()
+    spawner.port = bob.port
+    try:
+        with pytest.raises(HPCAIError) as refused:
+            asyncio.run(spawner._wait_until_listening())
+        attack("bob answers on the port alice's server reported: the hub routes her to him",
+               "is not that server" in refused.value.message, refused.value.message[:120])
+    finally:
+        bob.http.shutdown()
+    server = _start(hub, hub.token, 1, tmp_path)
+    hub.server_pid = server.pid
+    try:
+        report = wait_until(lambda: hub.reports[0] if hub.reports or server.poll() is not None else None,
+                            timeout=90, what="alice's server to report its port")
+        spawner.port = int(report["port"])  # type: ignore[call-overload]
+        asyncio.run(spawner._wait_until_listening())  # returns: her server proved it holds her token
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -1,18 +1,22 @@
 """GET /hpcai/api/allocation, GET /hpcai/api/engines, POST /hpcai/api/engines/stop, POST /hpcai/api/stacks and
-POST /hpcai/api/extend (all need the server's authentication)."""
+POST /hpcai/api/extend (all need the server's authentication); GET /hpcai/api/identity (the hub's check, no login)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 from typing import Any
 
+from jupyter_server.auth.decorator import allow_unauthenticated
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
 from .. import hubapi
 from ..allocation import Allocation
+from ..contract import IDENTITY_PATH, identity_proof
 from ..engines import listing
 from ..errors import HPCAIError
 from ..replies import extend_seconds, refuse
@@ -87,10 +91,24 @@ class ExtendThroughHubHandler(APIHandler):  # type: ignore[misc]
         self.finish(json.dumps(granted))
 
 
+class IdentityHandler(APIHandler):  # type: ignore[misc]
+    """GET ?nonce=N: this server's proof that it holds its hub token, which the hub checks before it routes the user
+    here (contract.identity_proof). No login: the answer is a signature of the hub's nonce, nothing else."""
+
+    @allow_unauthenticated
+    def get(self) -> None:
+        nonce = self.get_query_argument("nonce", "")
+        token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
+        if not re.fullmatch(r"[0-9a-f]{32}", nonce) or not token:
+            raise web.HTTPError(400, "a nonce of 32 hex digits, to a server the hub started")
+        self.finish(json.dumps({"proof": identity_proof(token, nonce)}))
+
+
 def setup_handlers(web_app: Any) -> None:
     base = web_app.settings["base_url"]
     web_app.add_handlers(".*$", [(url_path_join(base, "hpcai/api/allocation"), AllocationHandler),
                                  (url_path_join(base, "hpcai/api/engines"), EnginesHandler),
                                  (url_path_join(base, "hpcai/api/engines/stop"), StopEnginesHandler),
                                  (url_path_join(base, "hpcai/api/stacks"), StacksHandler),
-                                 (url_path_join(base, "hpcai/api/extend"), ExtendThroughHubHandler)])
+                                 (url_path_join(base, "hpcai/api/extend"), ExtendThroughHubHandler),
+                                 (url_path_join(base, IDENTITY_PATH), IdentityHandler)])

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
+import json
 import os
 import pwd
 import re
+import secrets
 import shlex
 import signal
 import time
@@ -15,10 +18,14 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from batchspawner import JobStatus, SlurmSpawner
+from jupyterhub.utils import url_path_join
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+from tornado.iostream import StreamClosedError
 from tornado.web import HTTPError
 from traitlets import Bool, Dict, Float, Integer, List, Set, Unicode, default
 
 from .. import slurm
+from ..contract import IDENTITY_PATH, identity_proof
 from ..envs import EnvStore, open_env
 from ..errors import HPCAIError
 from . import compat, extend, form, script
@@ -28,6 +35,7 @@ from .scheduler import Scheduler, Settings
 
 LOG_TAIL_BYTES = 8192  # of a failed job's log, shown on the spawn page
 LAUNCHER = "hpcai-singleuser"  # the job's server start (server/singleuser.py)
+IDENTITY_BYTES = 4096  # of the answer to the hub's identity check
 # All a command the hub runs as a user gets of the hub's own environment (which holds the hub's secrets, and
 # which sudo -E would pass on for the user to read in /proc): nothing but where the programs and Slurm are.
 COMMAND_ENV = ("PATH", "LANG", "LC_ALL", "SLURM_CONF")
@@ -330,19 +338,49 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         return await super().poll()
 
     async def _wait_until_listening(self) -> None:
-        """Wait until the server takes connections on the port it reported (it reports before it listens). One
-        that dies at start (a broken config in the user's home, say) ends its job: the spawn then fails with the
-        job's state and log, where JupyterHub, left to find it dead, would answer a bare 500."""
+        """Wait until this user's server answers on the port it reported and proves it holds the server's token
+        (``_identity``). Whatever else answers there, such as another user's process on a port the server gave
+        up, fails the start: the hub never routes a user to it. A server that dies at start (a broken config in
+        the user's home, say) ends its job: the spawn then fails with the job's state and log, where JupyterHub,
+        left to find it dead, would answer a bare 500."""
         while True:
-            try:
-                _, writer = await asyncio.wait_for(asyncio.open_connection(self.ip, self.port), timeout=2)
-                writer.close()
+            proven = await self._identity()
+            if proven:
                 return
-            except (OSError, asyncio.TimeoutError):
-                pass
+            if proven is not None:
+                if self.job_id:
+                    with contextlib.suppress(RuntimeError):  # the error below is what the user needs
+                        await self.cancel_batch_job()
+                raise HPCAIError(f"what answers on {self.ip}:{self.port}, the port {self.user.name}'s server reported, "
+                                 "is not that server (it cannot prove it holds the server's token); the job was "
+                                 "cancelled", "start the server again; tell the site's admins if it happens again")
             if await self.query_job_status() == JobStatus.NOTFOUND:
                 raise HPCAIError(await self._failure_report("ended before the Jupyter server answered"))
             await asyncio.sleep(self.startup_poll_interval)
+
+    async def _identity(self) -> bool | None:
+        """Whether what answers on the reported port proves it holds this server's token (contract.identity_proof
+        of a fresh nonce); None while nothing answers. At most IDENTITY_BYTES of the answer are read, within 5 s:
+        the answer may be anyone's."""
+        nonce = secrets.token_hex(16)
+        base = self.server.base_url if self.server is not None else self.user.url
+        host = f"[{self.ip}]" if ":" in self.ip else self.ip
+        url = f"http://{host}:{self.port}{url_path_join(base, IDENTITY_PATH)}?nonce={nonce}"
+        client = AsyncHTTPClient(force_instance=True, max_body_size=IDENTITY_BYTES)
+        try:
+            answer = await client.fetch(url, request_timeout=5, follow_redirects=False, raise_error=False)
+        except (OSError, StreamClosedError, HTTPClientError):  # refused, closed, timed out (599): no answer yet
+            return None
+        except Exception:  # an answer that is no HTTP, or over the limit: not proven
+            return False
+        finally:
+            client.close()
+        try:
+            proof = json.loads(answer.body or b"{}").get("proof", "")
+        except (ValueError, AttributeError):
+            return False
+        return answer.code == 200 and isinstance(proof, str) and hmac.compare_digest(
+            proof, identity_proof(self.api_token, nonce))
 
     async def _job_info(self) -> dict[str, str] | None:
         """Slurm's record of this spawner's job (the hub's Scheduler: one query of its jobs per cycle)."""
