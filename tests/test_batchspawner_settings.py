@@ -16,7 +16,7 @@ from helpers.hub import USER, ensure_user
 from helpers.jupyter import free_port
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.spawner import compat
-from jupyter_hpcai.spawner.spawner import HPCSlurmSpawner, offline_spawner
+from jupyter_hpcai.spawner.spawner import HPCSlurmSpawner, offline_spawner, one_address
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "spawner_config" / "demo_config.py"
@@ -123,6 +123,15 @@ def test_the_server_starts_through_the_launcher_that_reports_once_listening(tmp_
     conf = tmp_path / "conf.py"
     conf.write_text(f"c = get_config()\nload_subconfig({str(DEMO)!r})\n{settings}\n")
     assert offline_spawner(conf, USER).launcher() == launcher
+
+
+def test_the_hub_reaches_a_node_at_one_address() -> None:
+    """A NodeAddr that is a name is resolved once, so that the hub's check of a server and the proxy's route go to
+    the same address; an IP address stays as it is; a name that does not resolve says so."""
+    assert one_address("10.213.0.2") == "10.213.0.2" and one_address("fd00::2") == "fd00::2"
+    assert one_address("localhost") in ("127.0.0.1", "::1")
+    with pytest.raises(HPCAIError, match="does not resolve on the hub"):
+        one_address("no-such-node.invalid")
 
 
 @pytest.mark.slurm

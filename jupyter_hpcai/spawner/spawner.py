@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import json
 import os
 import pwd
@@ -13,6 +14,7 @@ import re
 import secrets
 import shlex
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any, ClassVar
@@ -434,9 +436,10 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         return {"job_id": self.job_id, "time_limit": after.get("TimeLimit", ""), "end_time": after.get("EndTime", "")}
 
     def state_gethost(self) -> str:
-        """The address the hub reaches the first node at (Slurm's NodeAddr; node names may not resolve)."""
+        """The address the hub reaches the first node at: Slurm's NodeAddr (node names may not resolve), as one IP
+        address, so that the hub's check of the server and the proxy's route reach the same (one_address)."""
         host = self.job_status.split()[-1]
-        return slurm.node_address(host)
+        return one_address(slurm.node_address(host))
 
     async def _failure_report(self, what: str) -> str:
         info = await asyncio.to_thread(slurm.job_info, self.job_id) or {}
@@ -546,6 +549,21 @@ def preview(config_file: Path, options: dict[str, str], user: str) -> str:
     spawner = offline_spawner(config_file, user)
     spawner.user_options = spawner._checked(options)
     return spawner.job_script()
+
+
+def one_address(host: str) -> str:
+    """``host`` as one IP address: itself if it is one, else the first address it resolves to (the one a client
+    tries first). A name resolved twice may give an IPv6 address once and an IPv4 one the next time, and another
+    user may hold the same port on the other."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    try:
+        return str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
+    except OSError as err:
+        raise HPCAIError(f"the node address {host} does not resolve on the hub ({err})",
+                         "give the nodes a NodeAddr the hub resolves, or an IP address") from None
 
 
 def offline_spawner(config_file: Path, user: str) -> HPCSlurmSpawner:
