@@ -155,9 +155,14 @@ REST_AFTER = "HPCAI_REST_AFTER"
 IDENTITY_PATH = "hpcai/api/identity"  # under the server's base URL: GET ?nonce=<32 hex digits> -> {"proof": ...}
 
 
-def identity_proof(token: str, nonce: str) -> str:
-    """The server's answer to the hub's nonce: HMAC-SHA256 of it under the server's own hub token."""
-    return hmac.new(token.encode(), f"hpcai-identity:{nonce}".encode(), hashlib.sha256).hexdigest()
+def token_digest(token: str) -> str:
+    """SHA-256 of a server's hub token: what the hub keeps of it across its restarts (the spawner's state)."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def identity_proof(digest: str, nonce: str) -> str:
+    """The server's answer to the hub's nonce: HMAC-SHA256 of it keyed with its token's digest (token_digest)."""
+    return hmac.new(digest.encode(), f"hpcai-identity:{nonce}".encode(), hashlib.sha256).hexdigest()
 
 
 # --- an engine set's folder: <ipyparallel profile>/hpcai-ranks/<cluster id>/, mode 700 ------------------------------

@@ -64,6 +64,15 @@ def test_a_hub_config_must_register_our_api_and_never_gets_batchspawners() -> No
     assert batchspawner.api.BatchSpawnerAPIHandler.post is hub_api.PortHandler.post
 
 
+def test_internal_ssl_stops_the_hub() -> None:
+    """The hub's check of what answers on a server's port speaks plain HTTP: with internal_ssl it would never pass."""
+    config = Config()
+    config.JupyterHub.spawner_class = "jupyter_hpcai.spawner.HPCSlurmSpawner"
+    config.JupyterHub.internal_ssl = True
+    with pytest.raises(HPCAIError, match="internal_ssl is not supported"):
+        compat.check(config)
+
+
 @pytest.mark.parametrize("name", sorted(compat.REFUSED))
 def test_a_setting_hpcslurmspawner_does_not_use_stops_the_hub(name: str) -> None:
     config = Config()

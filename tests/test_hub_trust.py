@@ -268,6 +268,23 @@ def test_extend_refuses_a_job_its_owner_changed_while_it_waited(hub: Hub, tmp_pa
     hub.stop_server()
 
 
+def test_a_restarted_hub_still_knows_a_server_by_its_token(hub: Hub) -> None:
+    """JupyterHub keeps no server's token across its restarts; the spawner keeps its digest, so that after a restart
+    the server's calls still find its job (here an extend, which the debug partition's policy then refuses) and the
+    hub's poll still checks what answers on its port."""
+    status, body = hub.api("POST", f"/users/{USER}/server", {"profile": PROFILE})
+    assert status in (201, 202), body
+    hub.wait_ready()
+    job = str(hub.api("GET", f"/users/{USER}")[1]["servers"][""]["state"]["job_id"])
+    token = _server_token(job)
+    hub.stop()
+    hub.start()
+    status, said = hub.api("POST", "/hpcai/extend", {"seconds": 1800}, token=token)
+    assert status == 409 and "does not extend notebook jobs on partition debug" in said.get("error", ""), said
+    assert (hub.server(USER) or {}).get("ready"), "the server stays attached: it proved itself to the restarted hub"
+    hub.stop_server()
+
+
 def test_a_job_its_owner_stopped_is_kept(hub: Hub) -> None:
     """alice stops her own job (scancel --signal=STOP: Slurm says STOPPED, the job keeps its nodes). The hub must
     keep tracking it: forgotten, the job would run on unseen, past the culler and the one-server limit."""

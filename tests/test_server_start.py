@@ -20,6 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from batchspawner import JobStatus
+from jupyterhub.objects import Server
 
 from helpers.record import attack
 from helpers.sockets import Listener, listeners
@@ -216,27 +218,44 @@ class Squatter:
 
 def test_the_hub_routes_only_to_the_server_that_proves_its_token(hub: FakeHub, tmp_path: Path) -> None:
     """bob answers on the port alice's server reported (as he could on a port her server gave up): the hub's check
-    fails her start instead of routing her to him. Control: her real server, on its reported port, passes."""
+    fails her start instead of routing her to him, and once her server runs, the hub's poll ends her job when bob
+    answers there instead (her server gone while the job lives on: an epilogue, a requeue). Controls: her real
+    server passes both; a hub that restarted (no token, only the saved digest) still checks."""
     conf = tmp_path / "conf.py"
     conf.write_text(f"c = get_config()\nload_subconfig({str(DEMO)!r})\n")
     spawner = offline_spawner(conf, "alice")
     spawner.api_token, spawner.ip = hub.token, "127.0.0.1"
+
+    async def running() -> JobStatus:
+        return JobStatus.RUNNING
+
+    spawner.query_job_status = running  # the job runs on (Slurm is not asked here)
     bob = Squatter()
-    spawner.port = bob.port
+    server = _start(hub, hub.token, 1, tmp_path)
+    hub.server_pid = server.pid
     try:
+        spawner.port = bob.port
         with pytest.raises(HPCAIError) as refused:
             asyncio.run(spawner._wait_until_listening())
         attack("bob answers on the port alice's server reported: the hub routes her to him",
                "is not that server" in refused.value.message, refused.value.message[:120])
-    finally:
-        bob.http.shutdown()
-    server = _start(hub, hub.token, 1, tmp_path)
-    hub.server_pid = server.pid
-    try:
         report = wait_until(lambda: hub.reports[0] if hub.reports or server.poll() is not None else None,
                             timeout=90, what="alice's server to report its port")
         spawner.port = int(report["port"])  # type: ignore[call-overload]
         asyncio.run(spawner._wait_until_listening())  # returns: her server proved it holds her token
+        spawner.server = Server(ip="127.0.0.1", port=spawner.port, base_url="/user/alice/")
+        assert asyncio.run(spawner.poll()) is None  # her server answers: it stays
+        restarted = offline_spawner(conf, "alice")  # no token: JupyterHub keeps none across a restart
+        restarted.load_state(spawner.get_state())
+        restarted.query_job_status = running
+        restarted.server = Server(ip="127.0.0.1", port=spawner.port, base_url="/user/alice/")
+        restarted.api_token = ""
+        assert asyncio.run(restarted.poll()) is None
+        restarted.server = Server(ip="127.0.0.1", port=bob.port, base_url="/user/alice/")
+        ended = asyncio.run(restarted.poll())
+        attack("alice's server is gone and bob answers on its port: the hub keeps routing her there",
+               ended == 1, f"the hub's poll answered {ended} (1: the server is gone, its job cancelled)")
     finally:
+        bob.http.shutdown()
         server.terminate()
         server.wait(timeout=30)

@@ -16,7 +16,7 @@ from tornado import web
 
 from .. import hubapi
 from ..allocation import Allocation
-from ..contract import IDENTITY_PATH, identity_proof
+from ..contract import IDENTITY_PATH, identity_proof, token_digest
 from ..engines import listing
 from ..errors import HPCAIError
 from ..replies import extend_seconds, refuse
@@ -101,7 +101,7 @@ class IdentityHandler(APIHandler):  # type: ignore[misc]
         token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
         if not re.fullmatch(r"[0-9a-f]{32}", nonce) or not token:
             raise web.HTTPError(400, "a nonce of 32 hex digits, to a server the hub started")
-        self.finish(json.dumps({"proof": identity_proof(token, nonce)}))
+        self.finish(json.dumps({"proof": identity_proof(token_digest(token), nonce)}))
 
 
 def setup_handlers(web_app: Any) -> None:

@@ -39,6 +39,7 @@ from jupyterhub.apihandlers import APIHandler, default_handlers
 from tornado import web
 
 from ..allocation import end_time
+from ..contract import token_digest
 from ..errors import HPCAIError
 from ..replies import extend_seconds, refuse
 
@@ -60,9 +61,10 @@ def checked_port(body: object) -> int:
 
 def token_spawner(handler: APIHandler) -> Any:
     """The spawner of the request's user whose server's own token made the request, or None."""
-    token = handler.get_auth_token() or ""
+    digest = token_digest(handler.get_auth_token() or "")  # the spawner keeps its token's digest across restarts
     return next((s for s in handler.current_user.spawners.values()
-                 if s.api_token and hmac.compare_digest(s.api_token, token)), None)
+                 if hasattr(s, "token_digest") and s.token_digest() and hmac.compare_digest(s.token_digest(), digest)),
+                None)
 
 
 def own_job(handler: APIHandler) -> Any:

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import hmac
 import ipaddress
-import json
 import os
 import pwd
 import re
@@ -21,13 +20,14 @@ from typing import Any, ClassVar
 
 from batchspawner import JobStatus, SlurmSpawner
 from jupyterhub.utils import url_path_join
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+from tornado.httpclient import HTTPClientError
 from tornado.iostream import StreamClosedError
+from tornado.simple_httpclient import SimpleAsyncHTTPClient
 from tornado.web import HTTPError
 from traitlets import Bool, Dict, Float, Integer, List, Set, Unicode, default
 
 from .. import slurm
-from ..contract import IDENTITY_PATH, identity_proof
+from ..contract import IDENTITY_PATH, identity_proof, token_digest
 from ..envs import EnvStore, open_env
 from ..errors import HPCAIError
 from . import compat, extend, form, script
@@ -105,6 +105,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     job_umask = Integer(0o077, config=True, help="""The umask jobs are submitted with (Slurm passes it to the job):
         the job's log, and what the server creates, are private to the user unless this allows more.""")
 
+    _token_digest = ""  # the saved digest of the server's token (load_state), for a hub that restarted
     _scheduler: ClassVar[Scheduler | None] = None  # the hub's one, made by the first spawner that asks
 
     @property
@@ -323,13 +324,31 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             self.orm_spawner.state = {**self.get_state(), "starting": True}
             self.db.commit()
 
+    def token_digest(self) -> str:
+        """SHA-256 of this server's hub token: from the token while this hub holds it, else as saved in the state
+        (JupyterHub keeps no server token across its restarts); "" for none."""
+        return token_digest(self.api_token) if self.api_token else self._token_digest
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if digest := self.token_digest():
+            state["token_sha256"] = digest
+        return state
+
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)
         self._cut_off = bool(state.get("starting"))
+        self._token_digest = str(state.get("token_sha256", ""))
+
+    def clear_state(self) -> None:
+        super().clear_state()
+        self._token_digest = ""
 
     async def poll(self) -> int | None:
         """batchspawner's poll, but a job whose start a hub restart cut off is cancelled at once: no hub waits for
-        its server (this one would only give up on it after http_timeout), and its user may ask again now."""
+        its server (this one would only give up on it after http_timeout), and its user may ask again now. A
+        running job's port is asked for the server's proof (``_identity``): one whose server is gone while something
+        else answers there (another user's process on the port it gave up) is cancelled, and its route goes."""
         if self._cut_off and not self._spawn_pending:
             self._cut_off = False
             self.log.warning("%s: the hub stopped while job %s was starting; cancelling it so that the user can "
@@ -337,7 +356,17 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             await self.cancel_batch_job()
             self.clear_state()
             return 1
-        return await super().poll()
+        status = await super().poll()
+        server = self.server
+        if status is None and not self._spawn_pending and server is not None and server.ip and server.port \
+                and self.token_digest() and await self._identity(server.ip, server.port) not in ("proven", "silent"):
+            # its server is gone and something else answers on its port (another user's, perhaps): no route there
+            self.log.warning("%s: what answers on %s:%s is not this server any more; cancelling job %s",
+                             self._log_name, server.ip, server.port, self.job_id)
+            await self._cancel_quietly()
+            self.clear_state()
+            return 1
+        return status
 
     async def _wait_until_listening(self) -> None:
         """Wait until this user's server answers on the port it reported and proves it holds the server's token
@@ -345,44 +374,51 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         up, fails the start: the hub never routes a user to it. A server that dies at start (a broken config in
         the user's home, say) ends its job: the spawn then fails with the job's state and log, where JupyterHub,
         left to find it dead, would answer a bare 500."""
-        while True:
-            proven = await self._identity()
-            if proven:
-                return
-            if proven is not None:
-                if self.job_id:
-                    with contextlib.suppress(RuntimeError):  # the error below is what the user needs
-                        await self.cancel_batch_job()
-                raise HPCAIError(f"what answers on {self.ip}:{self.port}, the port {self.user.name}'s server reported, "
-                                 "is not that server (it cannot prove it holds the server's token); the job was "
-                                 "cancelled", "start the server again; tell the site's admins if it happens again")
+        while (found := await self._identity(self.ip, self.port)) == "silent":
             if await self.query_job_status() == JobStatus.NOTFOUND:
                 raise HPCAIError(await self._failure_report("ended before the Jupyter server answered"))
             await asyncio.sleep(self.startup_poll_interval)
+        if found == "proven":
+            return
+        await self._cancel_quietly()
+        where = f"what answers on {self.ip}:{self.port}, the port {self.user.name}'s server reported,"
+        raise HPCAIError(f"{where} has no jupyter_hpcai identity endpoint: the server extension is off in that "
+                         "server's config, or it is not that server; the job was cancelled" if found == "no endpoint"
+                         else f"{where} is not that server (it cannot prove it holds the server's token); the job "
+                         "was cancelled", "start the server again; tell the site's admins if it happens again")
 
-    async def _identity(self) -> bool | None:
-        """Whether what answers on the reported port proves it holds this server's token (contract.identity_proof
-        of a fresh nonce); None while nothing answers. At most IDENTITY_BYTES of the answer are read, within 5 s:
-        the answer may be anyone's."""
+    async def _identity(self, ip: str, port: int) -> str:
+        """What answers on ``ip:port``: "proven" (an HMAC of a fresh nonce under this server's token,
+        contract.identity_proof), "silent" (no HTTP answer: refused, cut, timed out), "no endpoint" (404) or "not
+        proven". The answer may be anyone's: at most IDENTITY_BYTES of body and 8 KiB of headers within 5 s, read
+        by tornado's own client (JupyterHub may have made curl the default one), and only an exact body is taken."""
         nonce = secrets.token_hex(16)
         base = self.server.base_url if self.server is not None else self.user.url
-        host = f"[{self.ip}]" if ":" in self.ip else self.ip
-        url = f"http://{host}:{self.port}{url_path_join(base, IDENTITY_PATH)}?nonce={nonce}"
-        client = AsyncHTTPClient(force_instance=True, max_body_size=IDENTITY_BYTES)
+        host = f"[{ip}]" if ":" in ip else ip
+        client = SimpleAsyncHTTPClient(force_instance=True, max_body_size=IDENTITY_BYTES, max_header_size=8192)
         try:
-            answer = await client.fetch(url, request_timeout=5, follow_redirects=False, raise_error=False)
-        except (OSError, StreamClosedError, HTTPClientError):  # refused, closed, timed out (599): no answer yet
-            return None
-        except Exception:  # an answer that is no HTTP, or over the limit: not proven
-            return False
+            answer = await client.fetch(f"http://{host}:{port}{url_path_join(base, IDENTITY_PATH)}?nonce={nonce}",
+                                        request_timeout=5, follow_redirects=False, raise_error=False)
+        except (OSError, StreamClosedError, HTTPClientError):
+            return "silent"
+        except Exception:  # an answer that is not HTTP tornado takes
+            return "not proven"
         finally:
             client.close()
-        try:
-            proof = json.loads(answer.body or b"{}").get("proof", "")
-        except (ValueError, AttributeError):
-            return False
-        return answer.code == 200 and isinstance(proof, str) and hmac.compare_digest(
-            proof, identity_proof(self.api_token, nonce))
+        if answer.code == 599:  # tornado's code for no HTTP answer
+            return "silent"
+        if answer.code == 404:
+            return "no endpoint"
+        proof = re.fullmatch(rb'\s*\{\s*"proof"\s*:\s*"([0-9a-f]{64})"\s*\}\s*', answer.body or b"")
+        expected = identity_proof(self.token_digest(), nonce).encode()
+        return "proven" if answer.code == 200 and proof and hmac.compare_digest(proof.group(1), expected) \
+            else "not proven"
+
+    async def _cancel_quietly(self) -> None:
+        """Cancel this spawner's job, if it has one; the caller says what went wrong."""
+        if self.job_id:
+            with contextlib.suppress(RuntimeError):
+                await self.cancel_batch_job()
 
     async def _job_info(self) -> dict[str, str] | None:
         """Slurm's record of this spawner's job (the hub's Scheduler: one query of its jobs per cycle)."""
