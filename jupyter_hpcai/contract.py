@@ -160,9 +160,11 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def identity_proof(digest: str, nonce: str) -> str:
-    """The server's answer to the hub's nonce: HMAC-SHA256 of it keyed with its token's digest (token_digest)."""
-    return hmac.new(digest.encode(), f"hpcai-identity:{nonce}".encode(), hashlib.sha256).hexdigest()
+def identity_proof(digest: str, nonce: str, port: int) -> str:
+    """The server's answer to the hub's nonce on its listening ``port``: HMAC-SHA256 keyed with its token's digest
+    (token_digest). The port is signed too: a process on another port cannot pass the hub's probe on to the server
+    and its answer back."""
+    return hmac.new(digest.encode(), f"hpcai-identity:{nonce}:{port}".encode(), hashlib.sha256).hexdigest()
 
 
 # --- an engine set's folder: <ipyparallel profile>/hpcai-ranks/<cluster id>/, mode 700 ------------------------------

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 from batchspawner import JobStatus
@@ -27,7 +28,7 @@ from helpers.record import attack
 from helpers.sockets import Listener, listeners
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
-from jupyter_hpcai.spawner.spawner import offline_spawner
+from jupyter_hpcai.spawner.spawner import SILENT_POLLS, offline_spawner
 
 LAUNCHER = str(Path(sys.executable).parent / "hpcai-singleuser")
 DEMO = Path(__file__).resolve().parents[1] / "spawner_config" / "demo_config.py"
@@ -216,21 +217,38 @@ class Squatter:
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
 
 
-def test_the_hub_routes_only_to_the_server_that_proves_its_token(hub: FakeHub, tmp_path: Path) -> None:
-    """bob answers on the port alice's server reported (as he could on a port her server gave up): the hub's check
-    fails her start instead of routing her to him, and once her server runs, the hub's poll ends her job when bob
-    answers there instead (her server gone while the job lives on: an epilogue, a requeue). Controls: her real
-    server passes both; a hub that restarted (no token, only the saved digest) still checks."""
-    conf = tmp_path / "conf.py"
-    conf.write_text(f"c = get_config()\nload_subconfig({str(DEMO)!r})\n")
+def _poller(conf: Path, state: dict[str, object], port: int) -> tuple[Any, list[str]]:
+    """A restarted hub's spawner of alice's running job (no token: JupyterHub keeps none across a restart, only the
+    saved digest), its server recorded on ``port``; Slurm says the job runs, and cancels are recorded."""
     spawner = offline_spawner(conf, "alice")
-    spawner.api_token, spawner.ip = hub.token, "127.0.0.1"
+    spawner.load_state(state)
+    spawner.job_id, spawner.api_token = "4242", ""
+    cancelled: list[str] = []
 
     async def running() -> JobStatus:
         return JobStatus.RUNNING
 
-    spawner.query_job_status = running  # the job runs on (Slurm is not asked here)
-    bob = Squatter()
+    async def cancel() -> None:
+        cancelled.append(spawner.job_id)
+
+    spawner.query_job_status, spawner.cancel_batch_job = running, cancel
+    spawner.server = Server(ip="127.0.0.1", port=port, base_url="/user/alice/")
+    return spawner, cancelled
+
+
+def test_the_hub_routes_only_to_the_server_that_proves_its_token(hub: FakeHub, tmp_path: Path) -> None:
+    """bob answers on the port alice's server reported (as he could on a port her server gave up): the hub's check
+    fails her start instead of routing her to him. Once her server runs, the hub's poll (a restarted hub's too)
+    ends her job when her server is gone from its port while the job lives on (an epilogue, a requeue): nothing
+    listens there, bob answers there, or bob holds it and stays silent on the probe. Controls: her real server
+    passes both checks, and a silent port is given SILENT_POLLS polls."""
+    conf = tmp_path / "conf.py"
+    conf.write_text(f"c = get_config()\nload_subconfig({str(DEMO)!r})\n")
+    spawner = offline_spawner(conf, "alice")
+    spawner.api_token, spawner.ip = hub.token, "127.0.0.1"
+    bob, silent, free = Squatter(), socket.create_server(("127.0.0.1", 0)), socket.create_server(("127.0.0.1", 0))
+    free_port = free.getsockname()[1]
+    free.close()  # nothing listens there
     server = _start(hub, hub.token, 1, tmp_path)
     hub.server_pid = server.pid
     try:
@@ -243,19 +261,19 @@ def test_the_hub_routes_only_to_the_server_that_proves_its_token(hub: FakeHub, t
                             timeout=90, what="alice's server to report its port")
         spawner.port = int(report["port"])  # type: ignore[call-overload]
         asyncio.run(spawner._wait_until_listening())  # returns: her server proved it holds her token
-        spawner.server = Server(ip="127.0.0.1", port=spawner.port, base_url="/user/alice/")
-        assert asyncio.run(spawner.poll()) is None  # her server answers: it stays
-        restarted = offline_spawner(conf, "alice")  # no token: JupyterHub keeps none across a restart
-        restarted.load_state(spawner.get_state())
-        restarted.query_job_status = running
-        restarted.server = Server(ip="127.0.0.1", port=spawner.port, base_url="/user/alice/")
-        restarted.api_token = ""
-        assert asyncio.run(restarted.poll()) is None
-        restarted.server = Server(ip="127.0.0.1", port=bob.port, base_url="/user/alice/")
-        ended = asyncio.run(restarted.poll())
-        attack("alice's server is gone and bob answers on its port: the hub keeps routing her there",
-               ended == 1, f"the hub's poll answered {ended} (1: the server is gone, its job cancelled)")
+        state = spawner.get_state()
+        hers, cancelled = _poller(conf, state, spawner.port)
+        assert [asyncio.run(hers.poll()) for _ in range(SILENT_POLLS + 1)] == [None] * (SILENT_POLLS + 1)
+        assert cancelled == []
+        for who, port in (("bob answers on its port", bob.port), ("nothing listens on its port", free_port),
+                          ("bob holds its port and stays silent on the probe", silent.getsockname()[1])):
+            gone, cancelled = _poller(conf, state, port)
+            polls = [asyncio.run(gone.poll()) for _ in range(SILENT_POLLS if "silent" in who else 1)]
+            attack(f"alice's server is gone and {who}: the hub keeps routing her there",
+                   polls == [None] * (len(polls) - 1) + [1] and cancelled == ["4242"],
+                   f"the hub's polls answered {polls}; jobs cancelled: {cancelled}")
     finally:
         bob.http.shutdown()
+        silent.close()
         server.terminate()
         server.wait(timeout=30)

@@ -101,7 +101,8 @@ class IdentityHandler(APIHandler):  # type: ignore[misc]
         token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
         if not re.fullmatch(r"[0-9a-f]{32}", nonce) or not token:
             raise web.HTTPError(400, "a nonce of 32 hex digits, to a server the hub started")
-        self.finish(json.dumps({"proof": identity_proof(token_digest(token), nonce)}))
+        port = self.request.connection.stream.socket.getsockname()[1]  # where the hub's probe came in
+        self.finish(json.dumps({"proof": identity_proof(token_digest(token), nonce, port)}))
 
 
 def setup_handlers(web_app: Any) -> None:

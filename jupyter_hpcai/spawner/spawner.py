@@ -38,6 +38,7 @@ from .scheduler import Scheduler, Settings
 LOG_TAIL_BYTES = 8192  # of a failed job's log, shown on the spawn page
 LAUNCHER = "hpcai-singleuser"  # the job's server start (server/singleuser.py)
 IDENTITY_BYTES = 4096  # of the answer to the hub's identity check
+SILENT_POLLS = 3  # polls in a row without an answer on a running server's port before its job is ended
 # All a command the hub runs as a user gets of the hub's own environment (which holds the hub's secrets, and
 # which sudo -E would pass on for the user to read in /proc): nothing but where the programs and Slurm are.
 COMMAND_ENV = ("PATH", "LANG", "LC_ALL", "SLURM_CONF")
@@ -106,6 +107,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         the job's log, and what the server creates, are private to the user unless this allows more.""")
 
     _token_digest = ""  # the saved digest of the server's token (load_state), for a hub that restarted
+    _silent_polls = 0  # polls in a row at which the running server's port gave no HTTP answer
     _scheduler: ClassVar[Scheduler | None] = None  # the hub's one, made by the first spawner that asks
 
     @property
@@ -347,8 +349,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     async def poll(self) -> int | None:
         """batchspawner's poll, but a job whose start a hub restart cut off is cancelled at once: no hub waits for
         its server (this one would only give up on it after http_timeout), and its user may ask again now. A
-        running job's port is asked for the server's proof (``_identity``): one whose server is gone while something
-        else answers there (another user's process on the port it gave up) is cancelled, and its route goes."""
+        running job whose server is gone from its port is cancelled, and its route goes (``_server_gone``)."""
         if self._cut_off and not self._spawn_pending:
             self._cut_off = False
             self.log.warning("%s: the hub stopped while job %s was starting; cancelling it so that the user can "
@@ -357,16 +358,31 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             self.clear_state()
             return 1
         status = await super().poll()
-        server = self.server
-        if status is None and not self._spawn_pending and server is not None and server.ip and server.port \
-                and self.token_digest() and await self._identity(server.ip, server.port) not in ("proven", "silent"):
-            # its server is gone and something else answers on its port (another user's, perhaps): no route there
-            self.log.warning("%s: what answers on %s:%s is not this server any more; cancelling job %s",
-                             self._log_name, server.ip, server.port, self.job_id)
-            await self._cancel_quietly()
-            self.clear_state()
+        if status is None and await self._server_gone():
             return 1
         return status
+
+    async def _server_gone(self) -> bool:
+        """Whether this running job's server is gone from its port, and the job was cancelled: nothing listens there,
+        something else answers (another user's process on the port it gave up), or the port has not answered
+        SILENT_POLLS polls in a row (a squatter that only hangs on the probe). A job the cancel failed for is kept, to
+        be tried again at the next poll."""
+        server, job = self.server, self.job_id
+        if self._spawn_pending or self._stop_pending or server is None or not (server.ip and server.port and job) \
+                or not self.token_digest():
+            return False
+        found = await self._identity(server.ip, server.port)
+        if job != self.job_id or self._spawn_pending or self._stop_pending:  # it stopped or restarted meanwhile
+            return False
+        self._silent_polls = self._silent_polls + 1 if found == "silent" else 0
+        if found == "proven" or (found == "silent" and self._silent_polls < SILENT_POLLS):
+            return False
+        self.log.warning("%s: its server no longer answers on %s:%s (%s); cancelling job %s", self._log_name,
+                         server.ip, server.port, found, job)
+        if not await self._cancel_quietly():
+            return False
+        self.clear_state()
+        return True
 
     async def _wait_until_listening(self) -> None:
         """Wait until this user's server answers on the port it reported and proves it holds the server's token
@@ -374,7 +390,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         up, fails the start: the hub never routes a user to it. A server that dies at start (a broken config in
         the user's home, say) ends its job: the spawn then fails with the job's state and log, where JupyterHub,
         left to find it dead, would answer a bare 500."""
-        while (found := await self._identity(self.ip, self.port)) == "silent":
+        while (found := await self._identity(self.ip, self.port)) in ("refused", "silent"):
             if await self.query_job_status() == JobStatus.NOTFOUND:
                 raise HPCAIError(await self._failure_report("ended before the Jupyter server answered"))
             await asyncio.sleep(self.startup_poll_interval)
@@ -389,8 +405,8 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
 
     async def _identity(self, ip: str, port: int) -> str:
         """What answers on ``ip:port``: "proven" (an HMAC of a fresh nonce under this server's token,
-        contract.identity_proof), "silent" (no HTTP answer: refused, cut, timed out), "no endpoint" (404) or "not
-        proven". The answer may be anyone's: at most IDENTITY_BYTES of body and 8 KiB of headers within 5 s, read
+        contract.identity_proof), "refused" (nothing listens), "silent" (no HTTP answer: cut, timed out), "no
+        endpoint" (404) or "not proven". The answer may be anyone's: at most IDENTITY_BYTES of body and 8 KiB of headers within 5 s, read
         by tornado's own client (JupyterHub may have made curl the default one), and only an exact body is taken."""
         nonce = secrets.token_hex(16)
         base = self.server.base_url if self.server is not None else self.user.url
@@ -399,6 +415,8 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         try:
             answer = await client.fetch(f"http://{host}:{port}{url_path_join(base, IDENTITY_PATH)}?nonce={nonce}",
                                         request_timeout=5, follow_redirects=False, raise_error=False)
+        except ConnectionRefusedError:
+            return "refused"
         except (OSError, StreamClosedError, HTTPClientError):
             return "silent"
         except Exception:  # an answer that is not HTTP tornado takes
@@ -410,15 +428,19 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         if answer.code == 404:
             return "no endpoint"
         proof = re.fullmatch(rb'\s*\{\s*"proof"\s*:\s*"([0-9a-f]{64})"\s*\}\s*', answer.body or b"")
-        expected = identity_proof(self.token_digest(), nonce).encode()
+        expected = identity_proof(self.token_digest(), nonce, port).encode()
         return "proven" if answer.code == 200 and proof and hmac.compare_digest(proof.group(1), expected) \
             else "not proven"
 
-    async def _cancel_quietly(self) -> None:
-        """Cancel this spawner's job, if it has one; the caller says what went wrong."""
+    async def _cancel_quietly(self) -> bool:
+        """Cancel this spawner's job, if it has one; whether that worked (the caller says what went wrong)."""
         if self.job_id:
-            with contextlib.suppress(RuntimeError):
+            try:
                 await self.cancel_batch_job()
+            except RuntimeError as err:
+                self.log.error("%s: cancelling job %s failed: %s", self._log_name, self.job_id, err)
+                return False
+        return True
 
     async def _job_info(self) -> dict[str, str] | None:
         """Slurm's record of this spawner's job (the hub's Scheduler: one query of its jobs per cycle)."""
