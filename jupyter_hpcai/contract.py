@@ -160,6 +160,8 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+# Running servers keep the proof they started with: a change to it needs a new state key in spawner.get_state, so
+# that a hub upgraded beside them skips them instead of ending their jobs.
 def identity_proof(digest: str, nonce: str, port: int) -> str:
     """The server's answer to the hub's nonce on its listening ``port``: HMAC-SHA256 keyed with its token's digest
     (token_digest). The port is signed too: a process on another port cannot pass the hub's probe on to the server

@@ -28,7 +28,8 @@ from helpers.record import attack
 from helpers.sockets import Listener, listeners
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
-from jupyter_hpcai.spawner.spawner import SILENT_POLLS, offline_spawner
+from jupyter_hpcai.spawner import spawner as spawner_module
+from jupyter_hpcai.spawner.spawner import offline_spawner
 
 LAUNCHER = str(Path(sys.executable).parent / "hpcai-singleuser")
 DEMO = Path(__file__).resolve().parents[1] / "spawner_config" / "demo_config.py"
@@ -217,31 +218,34 @@ class Squatter:
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
 
 
-def _poller(conf: Path, state: dict[str, object], port: int) -> tuple[Any, list[str]]:
-    """A restarted hub's spawner of alice's running job (no token: JupyterHub keeps none across a restart, only the
-    saved digest), its server recorded on ``port``; Slurm says the job runs, and cancels are recorded."""
+def _poller(conf: Path, state: dict[str, object], port: int, slurm_says: str = "RUNNING") -> tuple[Any, list[str]]:
+    """A restarted hub's spawner of alice's job (no token: JupyterHub keeps none across a restart, only the saved
+    digest), its server recorded on ``port``; Slurm says ``slurm_says`` of the job, and cancels are recorded."""
     spawner = offline_spawner(conf, "alice")
     spawner.load_state(state)
     spawner.job_id, spawner.api_token = "4242", ""
     cancelled: list[str] = []
 
-    async def running() -> JobStatus:
-        return JobStatus.RUNNING
+    async def query() -> JobStatus:
+        spawner.job_status = f"{slurm_says} n1"
+        return JobStatus.RUNNING if slurm_says == "RUNNING" else JobStatus.PENDING
 
     async def cancel() -> None:
         cancelled.append(spawner.job_id)
 
-    spawner.query_job_status, spawner.cancel_batch_job = running, cancel
+    spawner.query_job_status, spawner.cancel_batch_job = query, cancel
     spawner.server = Server(ip="127.0.0.1", port=port, base_url="/user/alice/")
     return spawner, cancelled
 
 
-def test_the_hub_routes_only_to_the_server_that_proves_its_token(hub: FakeHub, tmp_path: Path) -> None:
+def test_the_hub_routes_only_to_the_server_that_proves_its_token(hub: FakeHub, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """bob answers on the port alice's server reported (as he could on a port her server gave up): the hub's check
     fails her start instead of routing her to him. Once her server runs, the hub's poll (a restarted hub's too)
-    ends her job when her server is gone from its port while the job lives on (an epilogue, a requeue): nothing
-    listens there, bob answers there, or bob holds it and stays silent on the probe. Controls: her real server
-    passes both checks, and a silent port is given SILENT_POLLS polls."""
+    ends her job when her server is gone from its port while the job lives on (an epilogue, a requeue): at once
+    when bob answers there; after SILENT_FOR (shortened here) when nothing listens or bob holds the port and stays
+    silent on the probe. Controls: her real server passes both checks; a suspended job is not probed."""
+    monkeypatch.setattr(spawner_module, "SILENT_FOR", 1.0)
     conf = tmp_path / "conf.py"
     conf.write_text(f"c = get_config()\nload_subconfig({str(DEMO)!r})\n")
     spawner = offline_spawner(conf, "alice")
@@ -263,14 +267,18 @@ def test_the_hub_routes_only_to_the_server_that_proves_its_token(hub: FakeHub, t
         asyncio.run(spawner._wait_until_listening())  # returns: her server proved it holds her token
         state = spawner.get_state()
         hers, cancelled = _poller(conf, state, spawner.port)
-        assert [asyncio.run(hers.poll()) for _ in range(SILENT_POLLS + 1)] == [None] * (SILENT_POLLS + 1)
-        assert cancelled == []
+        assert [asyncio.run(hers.poll()) for _ in range(3)] == [None] * 3 and cancelled == []
+        suspended, cancelled = _poller(conf, state, bob.port, "SUSPENDED")
+        assert asyncio.run(suspended.poll()) is None and cancelled == []  # a suspended server cannot answer
         for who, port in (("bob answers on its port", bob.port), ("nothing listens on its port", free_port),
                           ("bob holds its port and stays silent on the probe", silent.getsockname()[1])):
             gone, cancelled = _poller(conf, state, port)
-            polls = [asyncio.run(gone.poll()) for _ in range(SILENT_POLLS if "silent" in who else 1)]
+            polls = [asyncio.run(gone.poll())]
+            if polls[0] is None:  # no answer: ended only once SILENT_FOR has passed without a proof
+                time.sleep(1.1)
+                polls.append(asyncio.run(gone.poll()))
             attack(f"alice's server is gone and {who}: the hub keeps routing her there",
-                   polls == [None] * (len(polls) - 1) + [1] and cancelled == ["4242"],
+                   polls[-1] == 1 and cancelled == ["4242"] and (len(polls) == 1) == (who.startswith("bob answers")),
                    f"the hub's polls answered {polls}; jobs cancelled: {cancelled}")
     finally:
         bob.http.shutdown()

@@ -38,7 +38,7 @@ from .scheduler import Scheduler, Settings
 LOG_TAIL_BYTES = 8192  # of a failed job's log, shown on the spawn page
 LAUNCHER = "hpcai-singleuser"  # the job's server start (server/singleuser.py)
 IDENTITY_BYTES = 4096  # of the answer to the hub's identity check
-SILENT_POLLS = 3  # polls in a row without an answer on a running server's port before its job is ended
+SILENT_FOR = 300.0  # seconds without a proof from a running server's port before its job is ended
 # All a command the hub runs as a user gets of the hub's own environment (which holds the hub's secrets, and
 # which sudo -E would pass on for the user to read in /proc): nothing but where the programs and Slurm are.
 COMMAND_ENV = ("PATH", "LANG", "LC_ALL", "SLURM_CONF")
@@ -107,7 +107,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         the job's log, and what the server creates, are private to the user unless this allows more.""")
 
     _token_digest = ""  # the saved digest of the server's token (load_state), for a hub that restarted
-    _silent_polls = 0  # polls in a row at which the running server's port gave no HTTP answer
+    _last_proof = 0.0  # time.monotonic() of the running server's last proof (or of this hub's first look)
     _scheduler: ClassVar[Scheduler | None] = None  # the hub's one, made by the first spawner that asks
 
     @property
@@ -344,7 +344,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
 
     def clear_state(self) -> None:
         super().clear_state()
-        self._token_digest = ""
+        self._token_digest, self._last_proof = "", 0.0
 
     async def poll(self) -> int | None:
         """batchspawner's poll, but a job whose start a hub restart cut off is cancelled at once: no hub waits for
@@ -363,19 +363,22 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         return status
 
     async def _server_gone(self) -> bool:
-        """Whether this running job's server is gone from its port, and the job was cancelled: nothing listens there,
-        something else answers (another user's process on the port it gave up), or the port has not answered
-        SILENT_POLLS polls in a row (a squatter that only hangs on the probe). A job the cancel failed for is kept, to
-        be tried again at the next poll."""
+        """Whether this running job's server is gone from its port, and the job was cancelled: something else
+        answers there (another user's process on the port the server gave up), or no proof came for SILENT_FOR
+        seconds (nothing listens, or a squatter hangs on the probe alone; time, not probes: users' page loads poll
+        too, and a server may stall a while on a slow file system). Only a job Slurm last saw RUNNING is probed (a
+        suspended one cannot answer). A job the cancel failed for is kept, to be tried again at the next poll."""
         server, job = self.server, self.job_id
         if self._spawn_pending or self._stop_pending or server is None or not (server.ip and server.port and job) \
-                or not self.token_digest():
+                or not self.token_digest() or not self.job_status.startswith("RUNNING"):
             return False
         found = await self._identity(server.ip, server.port)
         if job != self.job_id or self._spawn_pending or self._stop_pending:  # it stopped or restarted meanwhile
             return False
-        self._silent_polls = self._silent_polls + 1 if found == "silent" else 0
-        if found == "proven" or (found == "silent" and self._silent_polls < SILENT_POLLS):
+        now = time.monotonic()
+        if found == "proven" or not self._last_proof:
+            self._last_proof = now  # a restarted hub counts from its first look
+        if found == "proven" or (found in ("refused", "silent") and now - self._last_proof < SILENT_FOR):
             return False
         self.log.warning("%s: its server no longer answers on %s:%s (%s); cancelling job %s", self._log_name,
                          server.ip, server.port, found, job)
@@ -437,7 +440,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         if self.job_id:
             try:
                 await self.cancel_batch_job()
-            except RuntimeError as err:
+            except Exception as err:  # scancel's failure, or no process to run it in
                 self.log.error("%s: cancelling job %s failed: %s", self._log_name, self.job_id, err)
                 return False
         return True
