@@ -233,7 +233,7 @@ class JobLab:
 
 @contextmanager
 def lab_in_job(tf_env: EnvDir, work: Path, walltime: str = "00:30:00") -> Iterator[JobLab]:
-    """JupyterLab inside a 1-node job with 2 fake GPUs and ``walltime``; the job is cancelled afterwards."""
+    """JupyterLab inside a 1-node job (n1) with 2 fake GPUs and ``walltime``; the job is cancelled afterwards."""
     import secrets
     import sys
 
@@ -248,7 +248,8 @@ def lab_in_job(tf_env: EnvDir, work: Path, walltime: str = "00:30:00") -> Iterat
     port, token = free_port(), secrets.token_hex(16)
     cmd = (f"{Path(sys.executable).parent}/jupyter-lab --no-browser --allow-root --ip={NODE_ADDRESS} --port={port} "
            f"--IdentityProvider.token={token} --ServerApp.root_dir={work}")
-    job = slurm.sbatch(["-N1", "--ntasks-per-node=2", "--gpus-per-node=2", f"--time={walltime}",
+    # on n1, as the tests read it: the previous test's job may still be completing there (Slurm would pick n2)
+    job = slurm.sbatch(["-N1", "--nodelist=n1", "--ntasks-per-node=2", "--gpus-per-node=2", f"--time={walltime}",
                         f"--output={work}/lab.log", "--wrap", cmd],
                        env={**os.environ, "JUPYTER_PATH": str(work / "share" / "jupyter"),
                             "JUPYTERLAB_SETTINGS_DIR": str(work / "settings"), "IPYTHONDIR": str(work / "ipython")})
