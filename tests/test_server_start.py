@@ -58,6 +58,28 @@ def _sockets_of(pid: int) -> set[int]:
     return inodes
 
 
+class JSONHandler(BaseHTTPRequestHandler):
+    """Answers with JSON, logs nothing."""
+
+    def _answer(self, status: int, body: dict[str, object]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _serve(handler: type[BaseHTTPRequestHandler]) -> tuple[ThreadingHTTPServer, int]:
+    """``handler`` served on a loopback port, in a thread: the server and its port."""
+    http = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    return http, http.server_address[1]
+
+
 class FakeHub:
     """POST /hub/api/batchspawner records the port and, at that moment, which pids' sockets listen on it."""
 
@@ -67,7 +89,7 @@ class FakeHub:
         self.server_pid = 0
         hub = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JSONHandler):
             def do_GET(self) -> None:  # the server's version check and the like
                 self._answer(200, {"version": "6.1.1"})
 
@@ -83,20 +105,7 @@ class FakeHub:
                 else:
                     self._answer(200, {})
 
-            def _answer(self, status: int, body: dict[str, object]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.http.server_address[1]
-        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+        self.http, self.port = _serve(Handler)
 
 
 @pytest.fixture
@@ -202,20 +211,11 @@ class Squatter:
     """bob's process on a port: answers every GET with a made-up proof (bob does not have alice's token)."""
 
     def __init__(self) -> None:
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JSONHandler):
             def do_GET(self) -> None:
-                data = json.dumps({"proof": "0" * 64}).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self._answer(200, {"proof": "0" * 64})
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.http.server_address[1]
-        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+        self.http, self.port = _serve(Handler)
 
 
 def _poller(conf: Path, state: dict[str, object], port: int, slurm_says: str = "RUNNING") -> tuple[Any, list[str]]:
