@@ -80,12 +80,13 @@ def check(config: Mapping[str, Any]) -> None:
     instead; on a value of a used one that cannot reach a job script; and on a hub config that spawns with
     HPCSlurmSpawner without registering the hub's API (hub_api.register), where no server could report its port."""
     hub = dict(config.get("JupyterHub") or {})
-    if _is_ours(hub.get("spawner_class")) and hub.get("internal_ssl"):
+    ours = _is_ours(hub.get("spawner_class"))
+    if ours and hub.get("internal_ssl"):
         raise HPCAIError("JupyterHub.internal_ssl is not supported with HPCSlurmSpawner: the hub's check of what "
                          "answers on a server's port speaks plain HTTP",
                          "leave internal_ssl off, and keep the network between the hub and the nodes to the cluster "
                          "(the site-install guide's firewall rules)")
-    if _is_ours(hub.get("spawner_class")) and not hub_api.registered():
+    if ours and not hub_api.registered():
         raise HPCAIError("the hub's config does not register jupyter-hpcai's hub API, so no notebook server could "
                          "report its port", "add to it: jupyter_hpcai.spawner.hub_api.register()")
     for section in SECTIONS:

@@ -63,8 +63,8 @@ def token_spawner(handler: APIHandler) -> Any:
     """The spawner of the request's user whose server's own token made the request, or None."""
     digest = token_digest(handler.get_auth_token() or "")  # the spawner keeps its token's digest across restarts
     return next((s for s in handler.current_user.spawners.values()
-                 if hasattr(s, "token_digest") and s.token_digest() and hmac.compare_digest(s.token_digest(), digest)),
-                None)
+                 if (kept := s.token_digest() if hasattr(s, "token_digest") else "")
+                 and hmac.compare_digest(kept, digest)), None)
 
 
 def own_job(handler: APIHandler) -> Any:

@@ -409,8 +409,9 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     async def _identity(self, ip: str, port: int) -> str:
         """What answers on ``ip:port``: "proven" (an HMAC of a fresh nonce under this server's token,
         contract.identity_proof), "refused" (nothing listens), "silent" (no HTTP answer: cut, timed out), "no
-        endpoint" (404) or "not proven". The answer may be anyone's: at most IDENTITY_BYTES of body and 8 KiB of headers within 5 s, read
-        by tornado's own client (JupyterHub may have made curl the default one), and only an exact body is taken."""
+        endpoint" (404) or "not proven". The answer may be anyone's: at most IDENTITY_BYTES of body and 8 KiB of
+        headers within 5 s, read by tornado's own client (JupyterHub may have made curl the default one), and only an
+        exact body is taken."""
         nonce = secrets.token_hex(16)
         base = self.server.base_url if self.server is not None else self.user.url
         host = f"[{ip}]" if ":" in ip else ip
