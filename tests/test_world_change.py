@@ -73,6 +73,41 @@ def test_the_grown_job_asks_for_other_nodes_ends_with_the_notebook_job_and_joins
         assert line in script, (line, script)
 
 
+def test_the_grown_job_ends_with_the_notebook_job() -> None:
+    """Its walltime is what the notebook job has left, less 30 s; a job too close to its end grows nothing."""
+    import datetime as dt
+
+    from jupyter_hpcai.allocation import Allocation
+
+    def allocation(left: float | None) -> Allocation:
+        end = None if left is None else dt.datetime.now() + dt.timedelta(seconds=left)
+        return Allocation(job_id="7", partition="gpu", nodes=["n1"], gpus_per_node=2, cpus_per_node=4, tasks=2,
+                          gpus_here=["0", "1"], end_time=end)
+
+    w = _world(["n1", "n1"], ["7", "7"])
+    growth = membership.growth_for(allocation(3600), w, 1)  # type: ignore[arg-type]
+    assert 3600 - 30 - 5 <= growth.seconds <= 3600 - 30 and growth.partition == "gpu" and growth.gpus_per_node == 2
+    assert growth.exclude == ("n1",) and "#SBATCH --time=00:59:" in growth.job_script(
+        SimpleNamespace(connection_file=Path("/c.json"), folder=Path("/set"), telemetry_interval=0.0,
+                        cluster=SimpleNamespace(profile_dir="/p", cluster_id="x")), offset=2, log="/l").render()  # type: ignore[arg-type]
+    assert membership.growth_for(allocation(None), w, 1).seconds == 24 * 3600 - 30  # type: ignore[arg-type]
+    with pytest.raises(HPCAIError, match="the notebook job ends in 100 s"):
+        membership.growth_for(allocation(100.5), w, 1)  # type: ignore[arg-type]
+
+
+def test_a_profile_with_no_kill_asks_slurm_to_keep_the_job_when_a_node_fails() -> None:
+    from jupyter_hpcai.spawner import script
+    from jupyter_hpcai.spawner.options import Profile, SpawnOptions
+
+    options = SpawnOptions(profile="p", partition="gpu", nodes=2, gpus_per_node=2, walltime="01:00:00")
+
+    def rendered(no_kill: bool) -> str:
+        return script.render(options, Profile(name="p", partition="gpu", no_kill=no_kill), user="alice",
+                             homedir="/home/alice", keepvars="PATH", cmd=["server"], bind_node_address=False)
+
+    assert "#SBATCH --no-kill\n" in rendered(True) and "--no-kill" not in rendered(False)
+
+
 def test_the_grown_job_gets_no_secret_and_not_the_notebook_jobs_slurm_view(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, dict[str, str]] = {}
 
