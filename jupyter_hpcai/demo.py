@@ -1,5 +1,5 @@
 """The main job: a local Slurm, the tf-horovod-cpu env and its kernel, a hub with a demo user; `--check` walks
-the whole path headless (spawn a 2-node server, run %%horovod_run training on 4 ranks, stop)."""
+the whole path headless (spawn a 2-node server, run the demo notebook's cells: Horovod training on 4 ranks, stop)."""
 
 from __future__ import annotations
 
@@ -294,34 +294,41 @@ def _secret(state: Path, name: str) -> str:
     return path.read_text().strip()
 
 
-# (step, cell, what its output must show: patterns that must all match; the step's line shows the first one's match)
-CHECK_CELLS = [
-    ("JupyterLab opens the demo notebook", "import os; print(os.environ.get('JUPYTERHUB_DEFAULT_URL'))",
-     [r"^/lab/tree/demo\.ipynb$"]),
-    ("load the extension", "%load_ext jupyter_hpcai", []),
-    ("start 4 engines on 2 nodes", "%hpc start", [r"^4 engines ready.*", r"\bn1\b", r"\bn2\b"]),
-    ("train a small Keras model on 4 ranks", """%%horovod_run --output rank0
-import time, numpy as np, tensorflow as tf
-import horovod.tensorflow.keras as hvd_keras
-x = np.random.rand(512, 32).astype("float32"); y = (x.sum(1) > 16).astype("int64")
-model = tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(64, activation="relu"),
-                             tf.keras.layers.Dense(2)])
-model.compile(optimizer=hvd_keras.DistributedOptimizer(tf.keras.optimizers.Adam(0.001 * size)),
-              loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-start = time.perf_counter()
-history = model.fit(x, y, batch_size=32, epochs=3, verbose=0,
-                    callbacks=[hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0)])
-rate = 3 * len(x) / (time.perf_counter() - start)
-total = float(hvd.allreduce(tf.constant(rate), op=hvd.Sum))
-print(f"loss {history.history['loss'][-1]:.4f}, {total:.0f} samples/sec on {size} ranks")
-""", [r"loss \S+, \d+ samples/sec on 4 ranks"]),
-    ("stop the engines", "%hpc stop", [r"^engines stopped$"]),
+NOTEBOOK = REPO / "examples" / "demo.ipynb"
+# What each code cell of the demo notebook must show, in the notebook's order: (step, patterns that must all match;
+# the step's line shows the first one's match). The check runs the notebook's own cells, the ones the tutorial shows.
+NOTEBOOK_CHECKS = [
+    ("load the extension", []),
+    ("open the panel", []),
+    ("a Horovod world of 4 ranks, its output collapsed", [r"Horovod world of 4 ranks"]),
+    ("train a small Keras model on 4 ranks", [r"\d+ samples/sec on 4 ranks"]),
+    ("the status of the 4 ranks", [r"^\s*3\s+n2\b.*\byes$", r"^\s*0\s+n1\b.*\byes$"]),
+    ("stop the engines", [r"^engines stopped$"]),
 ]
+
+
+def notebook_cells(notebook: Path) -> list[str]:
+    """The code cells of ``notebook``, as the user runs them."""
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+            for c in cells if c["cell_type"] == "code"]
+
+
+def check_cells(notebook: Path = NOTEBOOK) -> list[tuple[str, str, list[str]]]:
+    """The check's cells: where JupyterLab opens, then every code cell of the demo notebook with what it must show."""
+    cells = notebook_cells(notebook)
+    if len(cells) != len(NOTEBOOK_CHECKS):
+        raise HPCAIError(f"{notebook} has {len(cells)} code cells and the demo check knows {len(NOTEBOOK_CHECKS)}",
+                         "say what each cell's output must show in jupyter_hpcai.demo.NOTEBOOK_CHECKS")
+    opens = ("JupyterLab opens the demo notebook", "import os; print(os.environ.get('JUPYTERHUB_DEFAULT_URL'))",
+             [r"^/lab/tree/demo\.ipynb$"])
+    return [opens] + [(name, code, expect) for (name, expect), code in zip(NOTEBOOK_CHECKS, cells)]
 
 
 def check(hub: HubProcess, say: Say) -> int:
     """Walk the path headless; print each step's result; return the number of failed steps."""
     failures = 0
+    cells = check_cells()  # a notebook the check does not know fails before anything starts
 
     def step(name: str, ok: bool, detail: str = "") -> None:
         nonlocal failures
@@ -345,7 +352,7 @@ def check(hub: HubProcess, say: Say) -> int:
         step("open a kernel from the tf-horovod-cpu env", "id" in kernel, kernel.get("message", ""))
         if "id" not in kernel:
             return failures
-        for name, code, expect in CHECK_CELLS:
+        for name, code, expect in cells:
             result = asyncio.run(execute(base, token, kernel["id"], code, timeout=600))
             out = result["stdout"].strip()
             found = [re.search(pattern, out, re.M) for pattern in expect]

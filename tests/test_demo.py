@@ -1,5 +1,6 @@
 """The README's main command walks the whole path: a 2-node server spawned through the hub as a real user,
-a kernel from the built env, Horovod training on 4 ranks in that server's job, then stop."""
+a kernel from the built env, the demo notebook's own cells (Horovod training on 4 ranks in that server's job, on
+the engines the job started), then stop. A notebook cell the check does not know fails the check."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import pytest
 
 from helpers.jupyter import free_port
 from jupyter_hpcai import slurm
-from jupyter_hpcai.demo import DEMO_USER, REPO, _running, copy_examples, ensure_user
+from jupyter_hpcai.demo import DEMO_USER, NOTEBOOK, REPO, _running, check_cells, copy_examples, ensure_user
+from jupyter_hpcai.errors import HPCAIError
 
 HPCAI = str(Path(sys.executable).parent / "hpcai")
 
@@ -36,8 +38,10 @@ def test_demo_check_walks_the_whole_path(devcluster, tf_env, tmp_path: Path) -> 
     assert done.returncode == 0, out[-4000:] + done.stderr[-2000:]
     for step in ("spawn a 2-node server through the REST API", "open a kernel from the tf-horovod-cpu env",
                  "JupyterLab opens the demo notebook: /lab/tree/demo.ipynb",
-                 "start 4 engines on 2 nodes: 4 engines ready",
-                 "train a small Keras model on 4 ranks", "stop the engines: engines stopped", "stop the server"):
+                 "load the extension", "open the panel",
+                 "a Horovod world of 4 ranks, its output collapsed: Horovod world of 4 ranks",
+                 "train a small Keras model on 4 ranks", "the status of the 4 ranks:", "stop the engines: engines stopped",
+                 "stop the server"):
         assert f"[ok] {step}" in out, out
     assert "samples/sec on 4 ranks" in out and "the whole path works" in out
     assert "login: hpcai-demo   password: " in out
@@ -70,3 +74,14 @@ def test_the_demo_user_gets_the_examples_and_keeps_their_changes() -> None:
     notebook.write_text(json.dumps(changed))
     assert "kept" in copy_examples(DEMO_USER)[0] and "my own notes" in notebook.read_text()
     notebook.unlink()
+
+
+def test_the_check_runs_every_cell_of_the_demo_notebook_and_knows_each(tmp_path: Path) -> None:
+    cells = [c for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
+    assert [code for _, code, _ in check_cells()[1:]] == ["".join(c["source"]) for c in cells]
+    grown = json.loads(NOTEBOOK.read_text())
+    grown["cells"].append({"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                           "source": ["print('a new cell')"]})
+    (tmp_path / "demo.ipynb").write_text(json.dumps(grown))
+    with pytest.raises(HPCAIError, match=f"has {len(cells) + 1} code cells and the demo check knows {len(cells)}"):
+        check_cells(tmp_path / "demo.ipynb")

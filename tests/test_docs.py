@@ -56,7 +56,7 @@ def test_every_setting_of_the_spawner_is_in_the_reference_with_help(request: pyt
 
 
 def test_the_tutorial_shows_every_code_cell_of_the_demo_notebook(site: Path) -> None:
-    """The cells come from examples/demo.ipynb (which the demo check runs), not from a copy."""
+    """The cells come from examples/demo.ipynb (which the demo check runs, cell by cell: test_demo), not a copy."""
     shown = text(site / "tutorials" / "first-notebook.html")
     cells = [c for c in json.loads((REPO / "examples" / "demo.ipynb").read_text())["cells"] if c["cell_type"] == "code"]
     assert cells
