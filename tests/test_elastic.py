@@ -112,7 +112,7 @@ def test_grow_by_a_second_job_then_shrink_back(devcluster, torch_env, tmp_path: 
 def test_a_grown_job_that_waits_returns_at_once_and_shrink_cancels_it(devcluster, torch_env,  # type: ignore[no-untyped-def]
                                                                       tmp_path: Path) -> None:
     """The partition is full (a job holds n2): the estimate says when, grow without --wait returns, and shrink
-    cancels the waiting job."""
+    cancels the waiting job; grown again, its ranks join once Slurm starts it (n2 freed), the next cell runs on 4."""
     blocker = slurm.sbatch(["-N1", "-w", "n2", "--gpus-per-node=4", "--time=00:10:00", f"--output={tmp_path}/blocker.out",
                             "--wrap", "sleep 600"])
     try:
@@ -128,6 +128,16 @@ def test_a_grown_job_that_waits_returns_at_once_and_shrink_cancels_it(devcluster
             shrink = k.run("%hpc shrink --nodes 1")
             assert f"cancelled Slurm job {waiting} (still waiting)" in shrink.stdout, shrink.stdout + shrink.error
             wait_until(lambda: _job_state(waiting) in ("gone", "CANCELLED"), timeout=60, what="the waiting job to go")
+
+            again = k.run("%hpc grow --nodes 1", timeout=120)
+            later = re.search(r"Slurm job (\d+) submitted", again.stdout)[1]  # type: ignore[index]
+            assert _job_state(later) == "PENDING", again.stdout + again.error
+            subprocess.run(["scancel", str(blocker)], timeout=30, check=True)  # n2 frees: Slurm starts the grown job
+            wait_until(lambda: k.run("%hpc status").stdout.count(" yes") == 4, timeout=180, what="its ranks to join")
+            assert k.run("%%torchrun\nworld_size").result == "4"
+            status = k.run("%hpc status").stdout
+            assert [line.split()[4] for line in status.splitlines()[1:]] == [str(k.job_id)] * 2 + [later] * 2, status
+            assert f"Slurm job {later} cancelled" in k.run("%hpc shrink --nodes 1").stdout
     finally:
         subprocess.run(["scancel", str(blocker)], timeout=30, check=False)
 
@@ -282,7 +292,7 @@ def _resumed(stdout: str) -> float:
     return float(re.findall(r"resumed ([\d.]+)", stdout)[-1])
 
 
-def _loss_recovery(kernel: JobKernel, folder: Path, elastic: bool) -> float:
+def _loss_recovery(kernel: JobKernel, folder: Path, elastic: bool, steps: list[tuple[float, ...]]) -> float:
     """Seconds from n2's ranks killed (after step 15) to the loop's first step again: on the survivors (elastic),
     or after %hpc restart and the cell run again (a plain restart, the baseline)."""
     shutil.rmtree(folder)
@@ -309,6 +319,10 @@ def _loss_recovery(kernel: JobKernel, folder: Path, elastic: bool) -> float:
         cell = kernel.run(RESUMING.format(options="", folder=str(folder), end=40), timeout=600)
     assert cell.status == "ok" and cell.result == ("2" if elastic else "4"), cell.error + cell.stdout
     assert ("continuing on 2 ranks" in cell.stdout) == elastic, cell.stdout
+    if elastic:  # the steps the event line times
+        took = re.search(r"\(survivors free ([\d.]+) s, renumbered ([\d.]+) s, checkpoint loaded ([\d.]+) s;", cell.stdout)
+        assert took, cell.stdout
+        steps.append(tuple(float(t) for t in took.groups()))
     return _resumed(cell.stdout) - killed[0]
 
 
@@ -333,14 +347,17 @@ def test_bench_elastic_against_a_plain_restart(devcluster, torch_env, tmp_path: 
     with kernel_in_job(torch_env, tmp_path / "a", ("-N2", "--ntasks-per-node=2", "--gpus-per-node=2")) as kernel:
         assert kernel.run("%load_ext jupyter_hpcai").status == "ok" and kernel.run("%hpc start").status == "ok"
         times: dict[bool, list[float]] = {True: [], False: []}
+        steps: list[tuple[float, ...]] = []
         for round_ in range(2):
             for elastic in ((True, False) if round_ % 2 == 0 else (False, True)):
-                times[elastic].append(_loss_recovery(kernel, checkpoints, elastic))
+                times[elastic].append(_loss_recovery(kernel, checkpoints, elastic, steps))
     bench.append(f"elastic: lost node to training again, 2 x 2 ranks (torch, gloo): --elastic "
                  f"{median(times[True]):.1f} s / %hpc restart + restore {median(times[False]):.1f} s = "
                  f"{median(times[True]) / median(times[False]):.2f} (2 rounds alternating, medians; the ranks of n2 "
                  f"killed at step 15+; elastic {[round(t, 1) for t in times[True]]}, restart "
-                 f"{[round(t, 1) for t in times[False]]})")
+                 f"{[round(t, 1) for t in times[False]]}); of the elastic time: survivors free {median(t[0] for t in steps):.1f} s, "
+                 f"renumbered {median(t[1] for t in steps):.1f} s, checkpoint loaded {median(t[2] for t in steps):.1f} s, "
+                 "the rest the death seen, the framework's start on the survivors and the steps to the first new one")
     shutil.rmtree(checkpoints)
     checkpoints.mkdir()
     with kernel_in_job(torch_env, tmp_path / "b", ("-N1", "--ntasks-per-node=2", "--gpus-per-node=2")) as kernel:
