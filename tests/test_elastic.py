@@ -27,7 +27,7 @@ from jupyter_hpcai.proc import wait_until
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 # DDP on every rank, from the last checkpoint (if any) for 20 more steps, saving every 5: the world's size, the step
-# reached, whether the world changed since the last cell, and the parameters
+# reached, whether the world changed since the last cell, the parameters, and the step the checkpoint restored
 TRAIN = """%%torchrun{options} -o out
 import time
 import torch.nn as nn
@@ -36,6 +36,7 @@ model = nn.parallel.DistributedDataParallel(nn.Linear(8, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 ckpt = hpc.Checkpoint(model, opt, name="elastic", directory={folder!r})
 ckpt.restore()
+start = hpc.steps()
 x = torch.rand(32, 8); y = x.sum(1, keepdim=True)
 end = {end}
 while hpc.steps() < end:
@@ -43,7 +44,7 @@ while hpc.steps() < end:
     if hpc.steps() % 5 == 0:
         ckpt.save()
     time.sleep({pause})
-[world_size, hpc.steps(), hpc.world_changed(), [p.detach().tolist() for p in model.parameters()]]
+[world_size, hpc.steps(), hpc.world_changed(), [p.detach().tolist() for p in model.parameters()], start]
 """
 
 
@@ -84,7 +85,7 @@ def test_grow_by_a_second_job_then_shrink_back(devcluster, torch_env, tmp_path: 
                                                        ("2", "n2", grown), ("3", "n2", grown)], status
 
         bigger = _train(kernel, checkpoints, end=20)  # from the checkpoint the world of 2 saved at step 10
-        assert [(o[0], o[1], o[2]) for o in bigger] == [(4, 20, True)] * 4
+        assert [(o[0], o[1], o[2], o[4]) for o in bigger] == [(4, 20, True, 10)] * 4  # every rank restored step 10
         assert all(o[3] == bigger[0][3] for o in bigger)  # DDP kept every rank's parameters equal
         again = _train(kernel, checkpoints, end=25)
         assert {o[2] for o in again} == {False}  # told once
@@ -95,7 +96,7 @@ def test_grow_by_a_second_job_then_shrink_back(devcluster, torch_env, tmp_path: 
         wait_until(lambda: _job_state(grown) in ("gone", "CANCELLED", "COMPLETED"), timeout=60,
                    what=f"grown job {grown} to end")
         smaller = _train(kernel, checkpoints, end=30)
-        assert [(o[0], o[1], o[2]) for o in smaller] == [(2, 30, True)] * 2
+        assert [(o[0], o[1], o[2], o[4]) for o in smaller] == [(2, 30, True, 25)] * 2
         assert _job_state(str(kernel.job_id)) == "RUNNING"
 
         # the same from the widget panel: +1 node returns at once with the estimate, -1 node gives it back
@@ -183,6 +184,7 @@ def test_a_lost_node_and_the_cell_goes_on_with_the_survivors(devcluster, torch_e
             assert said[1] == "rank 2 on n2, rank 3 on n2" and int(said[3]) >= 15 and int(said[3]) <= int(said[2])
             out = ast.literal_eval(k.run("out").result or "[]")
             assert [(o[0], o[1], o[2]) for o in out] == [(2, 60, True)] * 2 and out[0][3] == out[1][3]
+            assert [o[4] for o in out] == [int(said[3])] * 2  # the re-run started where the line says
             wait_until(lambda: any(n.name == "n2" and n.state.startswith("down") for n in slurm.nodes()),
                        timeout=240, what="Slurm to mark n2 down (SlurmdTimeout)")
             time.sleep(5)  # past the moment Slurm would end a job without --no-kill
