@@ -26,7 +26,7 @@ class HPCMagics(Magics):  # type: ignore[misc]
 
     @line_magic
     def hpc(self, line: str) -> Any:
-        """%hpc start [-n N] [--nodes K] [--gpus-per-node G] [--launcher srun|mpirun|local] [--framework F]
+        """%hpc start [-n N] [--nodes K] [--gpus-per-node G] [--launcher srun|mpirun|local|local-mpi] [--framework F]
         [--telemetry S] [--time T --partition P --account A: outside a job, an allocation of its own]
         | attach [CLUSTER_ID] | stop | restart | status | top [--for S] [--straggler SHARE] | telemetry S | stacks [--native]
         | checkpoint [PATH] | restore [PATH] | extend DURATION | continue | export [--cells TAG] [--out-dir D]

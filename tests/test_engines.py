@@ -583,9 +583,11 @@ def test_a_real_notebook_through_nbclient(devcluster, tf_env, tmp_path) -> None:
     assert "4 engines ready (srun)" in outputs and "[all 4 ranks] sum 4.0" in outputs and "engines stopped" in outputs
 
 
-def test_local_launcher_outside_slurm_runs_an_allreduce(tf_env, tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("launcher", ["local", "local-mpi"])
+def test_local_launcher_outside_slurm_runs_an_allreduce(tf_env, tmp_path, launcher: str) -> None:  # type: ignore[no-untyped-def]
     """A kernel outside any job (on this machine, as a workstation's): `--launcher local` is the default there,
-    mpirun on this machine only, and Horovod runs across its ranks."""
+    processes of this machine without MPI (an mpirun on PATH that fails shows it is not used), and Horovod runs
+    across its ranks over Gloo; `local-mpi` is mpirun on this machine, with Horovod over MPI."""
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
 
@@ -595,12 +597,20 @@ def test_local_launcher_outside_slurm_runs_an_allreduce(tf_env, tmp_path) -> Non
     kernelspec.install(open_env(tf_env), prefix=str(tmp_path))
     ksm = KernelSpecManager(kernel_dirs=[str(tmp_path / "share" / "jupyter" / "kernels")])
     environ = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    if launcher == "local":
+        (tmp_path / "bin").mkdir()
+        (tmp_path / "bin" / "mpirun").write_text("#!/bin/sh\necho 'mpirun must not run' >&2\nexit 99\n")
+        (tmp_path / "bin" / "mpirun").chmod(0o755)
+        environ["PATH"] = f"{tmp_path / 'bin'}:{environ['PATH']}"
+    else:
+        environ["HPCAI_HOROVOD_CONTROLLER"] = "mpi"
     km = KernelManager(kernel_name=kernelspec.kernel_name(tf_env), kernel_spec_manager=ksm)
     km.start_kernel(env=environ)
     try:
         kernel = JobKernel(Path(km.connection_file), 0)
         assert kernel.run("%load_ext jupyter_hpcai").status == "ok"
-        out = _start_and_allreduce(kernel, "%hpc start -n 2", "2 engines ready (local")
+        start = "%hpc start -n 2" + ("" if launcher == "local" else " --launcher local-mpi")
+        out = _start_and_allreduce(kernel, start, f"2 engines ready ({launcher})")
         assert "[rank 0 " in out and "[rank 1 " in out and out.count("sum 3.0 of 2") == 2, out
         assert kernel.run("%hpc stop").stdout.strip() == "engines stopped"
         kernel.client.stop_channels()

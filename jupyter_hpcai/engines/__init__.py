@@ -6,7 +6,7 @@ which never imports it back.
 - ``engines``: ``Engines``, the kernel's one handle (state for the panel, start / stop / restart / attach, cells);
 - ``running_set``: one set while it runs: controller, client, ranks, the set's folder (``contract.py``);
 - ``cells``: a cell on every rank, watched and streamed; ``output``: what the user sees of it;
-- ``launch``: layouts and launchers (srun / mpirun / local); ``report``: what a dead launcher said;
+- ``launch``: layouts and launchers (srun / mpirun / local / local-mpi); ``report``: what a dead launcher said;
 - ``own_job``: an allocation of the kernel's own outside any job;
 - ``warm``: engines that start with the job, beside the server, for its first kernel (the profile's start_engines);
 - ``rest``: idle worlds rest (Horovod with a long cycle) until the next cell wakes them;

@@ -2,7 +2,8 @@
 
 - ``srun``: ``srun --mpi=pmix`` inside the job's allocation (the default inside Slurm);
 - ``mpirun``: OpenMPI's mpirun, which finds the allocation itself (the fallback);
-- ``local``: mpirun on this machine only, outside Slurm.
+- ``local``: processes of this machine, outside Slurm, without MPI (ranks/local.py starts them; the default there);
+- ``local-mpi``: OpenMPI's mpirun on this machine only, outside Slurm (for Horovod over MPI).
 
 A launcher is a class in ``LAUNCHERS``: whether it can run here (``available``) and the command that starts
 every rank (``command``), printable before anything starts. Every way starts the same program,
@@ -30,9 +31,10 @@ from ..container_launch import ContainerLaunch
 from ..contract import RANK_LOG
 from ..errors import HPCAIError
 from ..jobscript import SRUN_RANKS
-from ..ranks.frameworks import LAUNCH_VARS
+from ..ranks.frameworks import CONTROLLER_VAR, LAUNCH_VARS, horovod_controller
 
 BOOT_MODULE = "jupyter_hpcai.ranks.boot"
+LOCAL_MODULE = "jupyter_hpcai.ranks.local"
 
 
 @dataclass(frozen=True)
@@ -141,10 +143,30 @@ class Mpirun(_OpenMPI):
     unavailable_hint = "mpirun here starts ranks on a job's nodes; outside Slurm use --launcher local"
 
 
-class Local(_OpenMPI):
-    """OpenMPI's mpirun on this machine only, outside Slurm."""
+class Local(Launcher):
+    """Processes of this machine, outside Slurm, without MPI: a workstation, or a GPU machine without Slurm or
+    MPI (Horovod over Gloo, torch.distributed)."""
 
     name, in_job = "local", False
+    mpi_cmd = (sys.executable, "-m", LOCAL_MODULE)
+    unavailable_hint = "inside a Slurm job use --launcher srun (or mpirun)"
+
+    @classmethod
+    def args(cls, layout: Layout, addresses: Mapping[str, str]) -> list[str]:
+        if horovod_controller() == "mpi":
+            raise HPCAIError(f"{CONTROLLER_VAR}=mpi: Horovod over MPI needs its ranks started by MPI",
+                             "use --launcher local-mpi (OpenMPI's mpirun), or unset the variable for Gloo")
+        return []
+
+    @classmethod
+    def on_nodes(cls, hosts: list[str]) -> list[str]:
+        return []  # this machine
+
+
+class LocalMpi(_OpenMPI):
+    """OpenMPI's mpirun on this machine only, outside Slurm."""
+
+    name, in_job = "local-mpi", False
     unavailable_hint = "inside a Slurm job use --launcher srun (or mpirun)"
 
     @classmethod
@@ -156,7 +178,7 @@ class Local(_OpenMPI):
         return []  # this machine
 
 
-LAUNCHERS: dict[str, type[Launcher]] = {cls.name: cls for cls in (Srun, Mpirun, Local)}
+LAUNCHERS: dict[str, type[Launcher]] = {cls.name: cls for cls in (Srun, Mpirun, Local, LocalMpi)}
 # set per engine set by RunningSet.launch (ranks/boot.py and ranks/telemetry.py read them)
 RANK_SET_VARS = ("HPCAI_WARM", "HPCAI_CONNECTION_FILE", "HPCAI_CONTROLLER_TIMEOUT", "HPCAI_RANK_FOLDER",
                  "HPCAI_TELEMETRY_INTERVAL", *LAUNCH_VARS)

@@ -1,10 +1,10 @@
 """What a launcher said when its ranks died, cut down to the part that names the cause.
 
 A dying MPI world prints the same explanation once per rank, interleaved line by line, among routine
-logs. Read per rank (srun ``--label`` and mpirun ``--tag-output`` say which rank wrote each line), an
-explanation is a block: Open MPI's help messages between dashed rules, its ``***`` abort banner, or a
-Python traceback; any other line stands alone. Blocks are kept whole and shown once, with the ranks
-that printed them.
+logs. Read per rank (srun's ``--label``, which the local launcher copies, and mpirun's ``--tag-output`` say which
+rank wrote each line), an explanation is a block: Open MPI's help messages between dashed rules, its ``***``
+abort banner, or a Python traceback; any other line stands alone. Blocks are kept whole and shown once, with the
+ranks that printed them.
 """
 
 from __future__ import annotations
