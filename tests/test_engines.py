@@ -492,7 +492,7 @@ srun = ["srun", "--mpi=pmix", "--overlap", "--nodes=2", "--ntasks-per-node=2"]
 args = ["--batch", "32", "--warmup", "300", "--steps", "150"]  # fresh processes need ~300 steps to settle
 # Three rounds, each a plain srun and the magic in freshly started engines (fresh processes both), in swapped
 # order from round to round (2 cores for 4 ranks drift by tens of percent over minutes); medians. The srun
-# runs go with no engines alive: idle Horovod engines busy-poll in MPI and would slow them down.
+# runs go with no engines alive: idle engines with Horovod awake take CPU and would slow them down.
 threads = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}  # as engine.pin sets
 rates = {"plain": [], "magic": []}
 
