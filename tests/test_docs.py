@@ -1,5 +1,6 @@
 """The documentation site: it builds offline with warnings as errors, its setting reference covers every configurable
-trait of HPCSlurmSpawner (each with help), its tutorial shows the demo notebook's cells, and a broken link fails."""
+trait of HPCSlurmSpawner (each with help), its tutorial shows the demo notebook's cells, the README's links into it
+lead somewhere, and a broken link fails."""
 
 from __future__ import annotations
 
@@ -62,6 +63,17 @@ def test_the_tutorial_shows_every_code_cell_of_the_demo_notebook(site: Path) -> 
     assert cells
     for cell in cells:
         assert " ".join("".join(cell["source"]).split()) in shown
+
+
+def test_the_readmes_links_into_the_site_lead_somewhere(site: Path) -> None:
+    """The README keeps the first screen and links into the site: every page (and heading) it links to exists."""
+    links = re.findall(r"\]\((docs/[^)#\s]+)(?:#([\w-]+))?\)", (REPO / "README.md").read_text())
+    assert len(links) > 20 and any(anchor for _, anchor in links)
+    for path, anchor in links:
+        assert (REPO / path).is_file(), path
+        if anchor:
+            page = site / Path(path).relative_to("docs").with_suffix(".html")
+            assert f'id="{anchor}"' in page.read_text(), f"README links to {path}#{anchor}: no such heading"
 
 
 @pytest.mark.parametrize("broken", ["[a page](no-such-page.md)", "[a heading](reference/cli.md#no-such-heading)",
