@@ -69,8 +69,9 @@ class Launcher:
                 environ: Mapping[str, str] | None = None, rank_logs: Path | None = None) -> list[str]:
         """The whole command that starts every rank (ipyparallel appends the engine's own arguments); with
         ``rank_logs``, a launcher that can writes each rank's output there (``rank_output``)."""
+        program = cls.program(environ)  # first: a container env's refusal says the most
         logs = cls.rank_output(rank_logs) if rank_logs else []
-        return [*cls.mpi_cmd, "-n", str(layout.n), *cls.args(layout, addresses or {}), *logs, *cls.program(environ)]
+        return [*cls.mpi_cmd, "-n", str(layout.n), *cls.args(layout, addresses or {}), *logs, *program]
 
     @classmethod
     def rank_output(cls, folder: Path) -> list[str]:

@@ -44,7 +44,8 @@ Progress = Callable[[int, int], None]  # (engines registered, engines wanted)
 # engine counts as dead, as before.
 CONTROLLER_ARGS = ["--HeartMonitor.period=250", "--HeartMonitor.max_heartmonitor_misses=20"]
 _start_ids = itertools.count()
-TASK_ENDED = re.compile(r"^srun: error: \S+: tasks? [\d,-]+: ", re.M)  # "...: task 3: Exited with exit code 1"
+# a rank's task ended, as srun says it ("srun: error: n2: task 3: Exited with exit code 1") and the local launcher
+TASK_ENDED = re.compile(r"^(?:srun: error: \S+: tasks? [\d,-]+|hpcai-local: error: rank \d+): ", re.M)
 
 
 @dataclass(frozen=True)
@@ -297,7 +298,8 @@ class RunningSet:
         return seen
 
     def _a_rank_exited(self) -> bool:
-        """The launcher ended, or (srun leaves the other ranks running) said that a rank's task ended."""
+        """The launcher ended, or (srun and the local launcher leave the other ranks running) said that a rank's
+        task ended."""
         launchers = list(self.cluster.engines.values())
         return any(_exited(ln) for ln in launchers) or any(TASK_ENDED.search(_output(ln)) for ln in launchers)
 

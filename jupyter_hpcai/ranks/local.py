@@ -4,10 +4,13 @@ machine without Slurm). The kernel's engine set runs it as its launcher command:
     python -m jupyter_hpcai.ranks.local -n N PROGRAM [ARG ...]
 
 Each rank gets its place as a launcher gives it (HPCAI_RANK, HPCAI_SIZE, HPCAI_LOCAL_RANK, HPCAI_LOCAL_SIZE) and
-this process's environment otherwise. Each line a rank writes comes out with its rank in front, as ``srun --label``
-writes it (``3: ...``), which is how engines/report.py tells the ranks apart. A rank that dies leaves the others
-running (the kernel stops the world, or goes on without it); SIGTERM or SIGINT here goes to every rank, and a rank
-gets SIGTERM if this process dies. It exits once every rank has: with the first rank's failing status, else 0.
+this process's environment otherwise, less any other launcher's rank variables (a kernel inside an sbatch script has
+SLURM_PROCID, which ranks read first). Each line a rank writes comes out with its rank in front, as ``srun --label``
+writes it (``3: ...``), which is how engines/report.py tells the ranks apart; a rank that fails says so as srun does
+(``hpcai-local: error: rank 3: Exited with exit code 1``), so that a start fails at once. A rank that dies leaves
+the others running (the kernel stops the world, or goes on without it). SIGTERM or SIGINT here goes to every rank,
+and SIGKILL follows ``KILL_AFTER`` seconds after a SIGTERM (a rank blocked in C never runs its handler); a rank gets
+SIGKILL if this process dies. It exits once every rank has: with the first failing rank's status, else 0.
 """
 
 from __future__ import annotations
@@ -17,49 +20,90 @@ import ctypes
 import os
 import signal
 import subprocess
-import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO
 
+from .identity import LOCAL_RANK_VARS, LOCAL_SIZE_VARS, RANK_VARS
+from .world import SIZE_VARS
+
 PLACE = ("HPCAI_RANK", "HPCAI_SIZE", "HPCAI_LOCAL_RANK", "HPCAI_LOCAL_SIZE")
+# every other way a rank could read its place (identity.py and world.py read these before PLACE), and Slurm's
+# per-node task counts: none of them is this launcher's
+OTHER_PLACES = {*RANK_VARS, *SIZE_VARS, *LOCAL_RANK_VARS, *LOCAL_SIZE_VARS, "SLURM_NODEID", "SLURM_TASKS_PER_NODE",
+                "SLURM_NTASKS_PER_NODE", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE"} - set(PLACE)
+KILL_AFTER = 3.0  # seconds from SIGTERM to SIGKILL (ipyparallel kills this helper after 5)
+LINE = 1 << 16  # the most of a line read at once (a rank writing binary without newlines stays bounded)
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """In each rank, before it runs: SIGTERM when this helper dies, however it dies."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def rank_environ(environ: dict[str, str], rank: int, n: int) -> dict[str, str]:
+    """Rank ``rank`` of ``n``'s environment: this process's, less other launchers' places, with its own."""
+    own = dict(zip(PLACE, map(str, (rank, n, rank, n))))
+    return {**{k: v for k, v in environ.items() if k not in OTHER_PLACES}, **own}
 
 
-def _label(rank: int, source: IO[bytes], sink: IO[bytes], lock: threading.Lock) -> None:
-    for line in iter(source.readline, b""):
+def _dies_with(parent: int) -> Callable[[], None]:
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, before any fork
+
+    def in_child() -> None:
+        """Before the rank runs: SIGKILL when this helper dies, however it dies (or already did)."""
+        if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0 or os.getppid() != parent:
+            os._exit(1)
+
+    return in_child
+
+
+def _label(rank: int, source: IO[bytes], fd: int, lock: threading.Lock) -> None:
+    for line in iter(lambda: source.readline(LINE), b""):
         with lock:
-            sink.write(f"{rank}: ".encode() + line + (b"" if line.endswith(b"\n") else b"\n"))
-            sink.flush()
+            os.write(fd, f"{rank}: ".encode() + line + (b"" if line.endswith(b"\n") else b"\n"))
 
 
 def run(n: int, program: Sequence[str]) -> int:
     """Start ``n`` ranks of ``program``; wait for all of them; the exit status."""
     lock = threading.Lock()
-    ranks, readers = [], []
-    for rank in range(n):
-        env = {**os.environ, **dict(zip(PLACE, map(str, (rank, n, rank, n))))}
-        proc = subprocess.Popen(program, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                preexec_fn=_die_with_parent)
-        ranks.append(proc)
-        readers += [threading.Thread(target=_label, args=(rank, stream, sink, lock), daemon=True)
-                    for stream, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer))]
-    for reader in readers:
+    in_child = _dies_with(os.getpid())
+    ranks = [subprocess.Popen(program, env=rank_environ(dict(os.environ), rank, n), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, preexec_fn=in_child) for rank in range(n)]
+    readers = [threading.Thread(target=_label, args=(rank, stream, fd, lock), daemon=True)
+               for rank, proc in enumerate(ranks) for stream, fd in ((proc.stdout, 1), (proc.stderr, 2))]
+    for reader in readers:  # threads only once every rank is forked (preexec_fn runs between fork and exec)
         reader.start()
 
-    def forward(signum: int, _frame: object) -> None:
+    def send(signum: int) -> None:
+        """To every rank not reaped yet (os.kill: Popen's own methods would reap ranks the loop below waits for)."""
         for proc in ranks:
-            if proc.poll() is None:
-                proc.send_signal(signum)
+            if proc.returncode is None:
+                try:
+                    os.kill(proc.pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    def forward(signum: int, _frame: object) -> None:
+        send(signum)
+        if signum == signal.SIGTERM:
+            threading.Timer(KILL_AFTER, send, args=(signal.SIGKILL,)).start()
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    codes = [proc.wait() for proc in ranks]
+    codes = [0] * n
+    waiting = set(range(n))
+    while waiting:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:  # none left to wait for
+            break
+        rank = next((r for r in waiting if ranks[r].pid == pid), None)
+        if rank is None:
+            continue
+        waiting.discard(rank)
+        codes[rank] = os.waitstatus_to_exitcode(status)
+        ranks[rank].returncode = codes[rank]
+        if codes[rank]:
+            how = f"Exited with exit code {codes[rank]}" if codes[rank] > 0 else f"Killed by signal {-codes[rank]}"
+            with lock:
+                os.write(2, f"hpcai-local: error: rank {rank}: {how}\n".encode())
     for reader in readers:
         reader.join(timeout=5)
     return next((code if code > 0 else 128 - code for code in codes if code), 0)
@@ -72,8 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.n < 1 or not args.program:
         parser.error("give -n 1 or more, then the program each rank runs")
-    return run(args.n, args.program)
+    code = run(args.n, args.program)
+    os._exit(code)  # no interpreter shutdown while a reader may still hold the output (a rank's child keeps its pipe)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
