@@ -295,16 +295,21 @@ def _secret(state: Path, name: str) -> str:
 
 
 NOTEBOOK = REPO / "examples" / "demo.ipynb"
-# What each code cell of the demo notebook must show, in the notebook's order: (step, patterns that must all match;
-# the step's line shows the first one's match). The check runs the notebook's own cells, the ones the tutorial shows.
+# What each code cell of the demo notebook must show, in the notebook's order: (step, the cell's first line,
+# patterns that must all match its output; the step's line shows the first one's match). The check runs the
+# notebook's own cells, the ones the tutorial shows.
 NOTEBOOK_CHECKS = [
-    ("load the extension", []),
-    ("open the panel", []),
-    ("a Horovod world of 4 ranks, its output collapsed", [r"Horovod world of 4 ranks"]),
-    ("train a small Keras model on 4 ranks", [r"\d+ samples/sec on 4 ranks"]),
-    ("the status of the 4 ranks", [r"^\s*3\s+n2\b.*\byes$", r"^\s*0\s+n1\b.*\byes$"]),
-    ("stop the engines", [r"^engines stopped$"]),
+    ("load the extension", "%load_ext jupyter_hpcai", []),
+    ("open the panel", "%hpc panel", []),
+    ("a Horovod world of 4 ranks, its output collapsed", "%%horovod_run --output collapse",
+     [r"^\[all 4 ranks\] Horovod world of 4 ranks$"]),
+    ("train a small Keras model on 4 ranks", "%%horovod_run --output rank0 --timeout 900",
+     [r"\d+ samples/sec on 4 ranks$"]),
+    ("the status of the 4 ranks", "%hpc status",
+     [r"^\s*3\s+n2\b.*\byes$", r"^\s*0\s+n1\b.*\byes$", r"^\s*1\s+n1\b.*\byes$", r"^\s*2\s+n2\b.*\byes$"]),
+    ("stop the engines", "%hpc stop", [r"^engines stopped$"]),
 ]
+CELL_SECONDS = 960  # the longest a cell may run: the training cell's own --timeout, and a margin
 
 
 def notebook_cells(notebook: Path) -> list[str]:
@@ -315,14 +320,29 @@ def notebook_cells(notebook: Path) -> list[str]:
 
 
 def check_cells(notebook: Path = NOTEBOOK) -> list[tuple[str, str, list[str]]]:
-    """The check's cells: where JupyterLab opens, then every code cell of the demo notebook with what it must show."""
+    """The check's cells: where JupyterLab opens, then every code cell of the demo notebook with what it must show
+    (an error names a cell the check does not know)."""
     cells = notebook_cells(notebook)
-    if len(cells) != len(NOTEBOOK_CHECKS):
-        raise HPCAIError(f"{notebook} has {len(cells)} code cells and the demo check knows {len(NOTEBOOK_CHECKS)}",
+    firsts = [cell.splitlines()[0] if cell.strip() else "" for cell in cells]
+    known = [first for _, first, _ in NOTEBOOK_CHECKS]
+    if firsts != known:
+        raise HPCAIError(f"the code cells of {notebook} begin {firsts}, and the demo check knows {known}",
                          "say what each cell's output must show in jupyter_hpcai.demo.NOTEBOOK_CHECKS")
     opens = ("JupyterLab opens the demo notebook", "import os; print(os.environ.get('JUPYTERHUB_DEFAULT_URL'))",
              [r"^/lab/tree/demo\.ipynb$"])
-    return [opens] + [(name, code, expect) for (name, expect), code in zip(NOTEBOOK_CHECKS, cells)]
+    return [opens] + [(name, code, expect) for (name, _, expect), code in zip(NOTEBOOK_CHECKS, cells)]
+
+
+def _shown(result: dict[str, Any], expect: list[str]) -> tuple[bool, str]:
+    """Whether a cell ran and showed what it must; what its step's line says (what is missing, when not)."""
+    if result["status"] != "ok":
+        return False, str(result["error"])
+    out = result["stdout"].strip()
+    found = [re.search(pattern, out, re.M) for pattern in expect]
+    if all(found):
+        return True, found[0].group(0).strip() if found else ""
+    missing = ", ".join(f"`{p}`" for p, f in zip(expect, found) if not f)
+    return False, f"no line matches {missing}; its output ended: " + " | ".join(out.splitlines()[-5:])
 
 
 def check(hub: HubProcess, say: Say) -> int:
@@ -353,12 +373,12 @@ def check(hub: HubProcess, say: Say) -> int:
         if "id" not in kernel:
             return failures
         for name, code, expect in cells:
-            result = asyncio.run(execute(base, token, kernel["id"], code, timeout=600))
-            out = result["stdout"].strip()
-            found = [re.search(pattern, out, re.M) for pattern in expect]
-            seen = found[0].group(0) if found and found[0] else (out.splitlines() or [""])[-1]
-            ran = result["status"] == "ok"
-            step(name, ran and all(found), seen if ran else str(result["error"]))
+            try:
+                result = asyncio.run(execute(base, token, kernel["id"], code, timeout=CELL_SECONDS))
+            except TimeoutError:
+                step(name, False, f"no answer within {CELL_SECONDS} s")
+                break
+            step(name, *_shown(result, expect))
         request(f"{base}/api/kernels/{kernel['id']}", token, "DELETE")
     finally:
         hub.stop_server(DEMO_USER)

@@ -100,7 +100,7 @@ def test_spawner_options(raw: dict[str, object]) -> None:
 
 
 WORDS = st.sampled_from(["start", "stop", "restart", "status", "panel", "-n", "--nodes", "--gpus-per-node",
-                         "--launcher", "srun", "mpirun", "local", "--timeout", "--output", "all", "rank0", "collapse",
+                         "--launcher", "srun", "mpirun", "local", "local-mpi", "--timeout", "--output", "all", "rank0", "collapse",
                          "--push", "-o", "x", "0", "-3", "4", "1e9", "nan", "'", '"', "--help", "-h", "; id"])
 
 

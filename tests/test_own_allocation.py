@@ -106,7 +106,7 @@ def _trains_on_the_nodes(kernel: JobKernel, job: str, login_address: str) -> Non
     where = kernel.run("import jupyter_hpcai.engines as E\n"
                        "(os.environ['SLURM_JOB_ID'], E.current().set.listens, [r.host for r in E.current().status()])")
     assert where.result == repr((job, login_address, ["n1", "n1", "n2", "n2"])), where
-    cell = kernel.run(KERAS, timeout=300)
+    cell = kernel.run(KERAS, timeout=900)  # the cell's own --timeout
     assert cell.status == "ok", cell.error
     assert re.search(r"\] \d+ samples/sec on 4 ranks$", cell.stdout, re.M), cell.stdout
     assert _state(job) == "RUNNING"
