@@ -35,6 +35,7 @@ OTHER_PLACES = {*RANK_VARS, *SIZE_VARS, *LOCAL_RANK_VARS, *LOCAL_SIZE_VARS, "SLU
 KILL_AFTER = 3.0  # seconds from SIGTERM to SIGKILL (ipyparallel kills this helper after 5)
 LINE = 1 << 16  # the most of a line read at once (a rank writing binary without newlines stays bounded)
 _PR_SET_PDEATHSIG = 1
+STOPS = {signal.SIGTERM, signal.SIGINT}  # passed on to every rank
 
 
 def rank_environ(environ: dict[str, str], rank: int, n: int) -> dict[str, str]:
@@ -47,9 +48,13 @@ def _dies_with(parent: int) -> Callable[[], None]:
     prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, before any fork
 
     def in_child() -> None:
-        """Before the rank runs: SIGKILL when this helper dies, however it dies (or already did)."""
+        """Before the rank runs: SIGKILL when this helper dies, however it dies (or already did); the stops that
+        the helper holds back while it starts the ranks, as they would be without it."""
         if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0 or os.getppid() != parent:
             os._exit(1)
+        for stop in STOPS:
+            signal.signal(stop, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
 
     return in_child
 
@@ -64,12 +69,7 @@ def run(n: int, program: Sequence[str]) -> int:
     """Start ``n`` ranks of ``program``; wait for all of them; the exit status."""
     lock = threading.Lock()
     in_child = _dies_with(os.getpid())
-    ranks = [subprocess.Popen(program, env=rank_environ(dict(os.environ), rank, n), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, preexec_fn=in_child) for rank in range(n)]
-    readers = [threading.Thread(target=_label, args=(rank, stream, fd, lock), daemon=True)
-               for rank, proc in enumerate(ranks) for stream, fd in ((proc.stdout, 1), (proc.stderr, 2))]
-    for reader in readers:  # threads only once every rank is forked (preexec_fn runs between fork and exec)
-        reader.start()
+    ranks: list[subprocess.Popen[bytes]] = []
 
     def send(signum: int) -> None:
         """To every rank not reaped yet (os.kill: Popen's own methods would reap ranks the loop below waits for)."""
@@ -85,8 +85,18 @@ def run(n: int, program: Sequence[str]) -> int:
         if signum == signal.SIGTERM:
             threading.Timer(KILL_AFTER, send, args=(signal.SIGKILL,)).start()
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)  # a stop that comes while the ranks start reaches all of them
+    for stop in STOPS:
+        signal.signal(stop, forward)
+    try:
+        ranks += [subprocess.Popen(program, env=rank_environ(dict(os.environ), rank, n), stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, preexec_fn=in_child) for rank in range(n)]
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+    readers = [threading.Thread(target=_label, args=(rank, stream, fd, lock), daemon=True)
+               for rank, proc in enumerate(ranks) for stream, fd in ((proc.stdout, 1), (proc.stderr, 2))]
+    for reader in readers:  # threads only once every rank is forked (preexec_fn runs between fork and exec)
+        reader.start()
     codes = [0] * n
     waiting = set(range(n))
     while waiting:
