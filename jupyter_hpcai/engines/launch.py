@@ -144,13 +144,23 @@ class Mpirun(_OpenMPI):
     unavailable_hint = "mpirun here starts ranks on a job's nodes; outside Slurm use --launcher local"
 
 
-class Local(Launcher):
-    """Processes of this machine, outside Slurm, without MPI: a workstation, or a GPU machine without Slurm or
-    MPI (Horovod over Gloo, torch.distributed)."""
+class _ThisMachine(Launcher):
+    """A launcher of this machine's ranks only, outside Slurm."""
 
-    name, in_job = "local", False
-    mpi_cmd = (sys.executable, "-m", LOCAL_MODULE)
+    in_job = False
     unavailable_hint = "inside a Slurm job use --launcher srun (or mpirun)"
+
+    @classmethod
+    def on_nodes(cls, hosts: list[str]) -> list[str]:
+        return []  # this machine
+
+
+class Local(_ThisMachine):
+    """Processes of this machine, without MPI: a workstation, or a GPU machine without Slurm or MPI (Horovod over
+    Gloo, torch.distributed)."""
+
+    name = "local"
+    mpi_cmd = (sys.executable, "-m", LOCAL_MODULE)
 
     @classmethod
     def args(cls, layout: Layout, addresses: Mapping[str, str]) -> list[str]:
@@ -159,24 +169,15 @@ class Local(Launcher):
                              "use --launcher local-mpi (OpenMPI's mpirun), or unset the variable for Gloo")
         return []
 
-    @classmethod
-    def on_nodes(cls, hosts: list[str]) -> list[str]:
-        return []  # this machine
 
+class LocalMpi(_OpenMPI, _ThisMachine):
+    """OpenMPI's mpirun on this machine only."""
 
-class LocalMpi(_OpenMPI):
-    """OpenMPI's mpirun on this machine only, outside Slurm."""
-
-    name, in_job = "local-mpi", False
-    unavailable_hint = "inside a Slurm job use --launcher srun (or mpirun)"
+    name = "local-mpi"
 
     @classmethod
     def args(cls, layout: Layout, addresses: Mapping[str, str]) -> list[str]:
         return [*super().args(layout, addresses), "--host", f"localhost:{layout.n}"]
-
-    @classmethod
-    def on_nodes(cls, hosts: list[str]) -> list[str]:
-        return []  # this machine
 
 
 LAUNCHERS: dict[str, type[Launcher]] = {cls.name: cls for cls in (Srun, Mpirun, Local, LocalMpi)}
