@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -285,3 +286,44 @@ def test_the_hub_routes_only_to_the_server_that_proves_its_token(hub: FakeHub, t
         silent.close()
         server.terminate()
         server.wait(timeout=30)
+
+
+# What the server imports before it can listen (jupyterhub-singleuser, and JupyterLab's server extension), timed in a
+# fresh interpreter; then a schema that checks an IRI, as jupyter_events' would.
+IMPORTS = r"""
+import json, sys, time
+{defer}
+start = time.perf_counter()
+import jupyterhub.singleuser, jupyterlab.labapp
+took = time.perf_counter() - start
+loaded = "lark" in sys.modules  # rfc3987_syntax's parser generator
+from jsonschema import Draft202012Validator, FormatChecker
+check = Draft202012Validator({{"type": "string", "format": "iri"}}, format_checker=FormatChecker())
+print(json.dumps({{"took": took, "loaded": loaded, "valid": check.is_valid("http://例え.jp/パス?q=1"),
+                  "invalid": check.is_valid("http://a b/"), "real": type(sys.modules["rfc3987_syntax"]).__name__}}))
+"""
+DEFER = "from jupyter_hpcai.server.deferred import defer_rfc3987_syntax; defer_rfc3987_syntax()"
+
+
+def _server_imports(deferred: bool) -> dict[str, Any]:
+    code = IMPORTS.format(defer=DEFER if deferred else "")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_the_server_builds_the_iri_grammar_only_when_a_schema_checks_an_iri(bench: list[str]) -> None:
+    """hpcai-singleuser defers rfc3987_syntax (server/deferred.py): the server's imports build no grammar parser,
+    and an IRI format check still answers right, with the real module from then on. Printed: the imports' time
+    against the same imports that build it (alternating)."""
+    runs: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
+    for i in range(4):
+        for deferred in (True, False) if i % 2 else (False, True):
+            runs[deferred].append(_server_imports(deferred))
+    for deferred, found in runs.items():
+        for run in found:
+            assert run["loaded"] is not deferred, run  # deferred: no parser yet; else jsonschema built it
+            assert run["valid"] is True and run["invalid"] is False and run["real"] == "module", run
+    took = {deferred: statistics.median(run["took"] for run in found) for deferred, found in runs.items()}
+    bench.append(f"notebook server's imports before it listens (jupyterhub.singleuser, JupyterLab): rfc3987_syntax "
+                 f"deferred {took[True]:.2f} s / imported {took[False]:.2f} s = {took[True] / took[False]:.2f} "
+                 "(4 rounds alternating, medians)")

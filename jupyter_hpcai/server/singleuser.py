@@ -12,6 +12,7 @@ import sys
 from runpy import run_path
 
 from . import port_report
+from .deferred import defer_rfc3987_syntax
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -24,6 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     # on the command line, above JupyterHub's extension config (which takes the port from JUPYTERHUB_SERVICE_URL
     # and sets port_retries to 0): port 0, the OS picks a free one
     sys.argv = [found, *args[1:], "--ServerApp.port=0"]
+    defer_rfc3987_syntax()  # the server listens sooner
     run_path(found, run_name="__main__")
 
 
