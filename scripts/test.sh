@@ -5,4 +5,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # the documentation's builders: the docs build in the test run (test_docs) then needs no network
 .venv/bin/uv pip install -q --python .venv/bin/python -r docs/requirements.txt
-exec .venv/bin/python -m pytest --durations=15 "$@"  # the slowest 15 tests, printed at the end
+# Two processes: the tests that use the dev cluster run one after another in one (they share its nodes), the
+# others beside them (conftest.py groups them); the slowest 15 tests are printed at the end.
+exec .venv/bin/python -m pytest -n 2 --dist loadgroup --durations=15 "$@"

@@ -8,6 +8,7 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +33,25 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     record.timed(report)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    record.handed(session.config)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's, in the main process
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    record.received(getattr(node, "workeroutput", {}))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the dev cluster (its fixture, or marked so) is marked ``slurm`` and joins one group: the
+    cluster's tests run one after another in one process, the others beside them (``-n 2 --dist loadgroup``)."""
+    for item in items:
+        if "devcluster" in getattr(item, "fixturenames", ()) or item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.slurm)
+            item.add_marker(pytest.mark.xdist_group("cluster"))
 
 
 def pytest_configure(config: pytest.Config) -> None:

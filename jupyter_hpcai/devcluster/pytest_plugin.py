@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from .cluster import DevCluster
 
 _used: list[DevCluster] = []  # the session's cluster, for the summary line
+_lines: list[str] = []  # that line, from the worker that used the cluster (pytest-xdist's -n)
 
 
 @pytest.fixture(scope="session")
@@ -29,11 +31,24 @@ def devcluster() -> Iterator[DevCluster]:
         cluster.down()
 
 
+def _summary(cluster: DevCluster) -> str:
+    nodes = ", ".join(f"{n} {cluster.node_address(n)}" for n in cluster.node_names)
+    note = f" ({cluster.note})" if cluster.note else ""
+    cpu = f"CPU shared as the host's own ({cluster.cpu_note})" if cluster.cpu_note else f"cgroup {cluster.cpu.path}"
+    return f"dev cluster: {cluster.mode}{note}; login node {cluster.login_address}; {nodes}; nodes' processes: {cpu}"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workeroutput"):  # a worker: the main process prints the line
+        session.config.workeroutput["hpcai-devcluster"] = [_summary(c) for c in _used]
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's, in the main process
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    _lines.extend(getattr(node, "workeroutput", {}).get("hpcai-devcluster", []))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Say which network mode the tests ran on (tests that need separate hosts skip without it)."""
-    for cluster in _used:
-        nodes = ", ".join(f"{n} {cluster.node_address(n)}" for n in cluster.node_names)
-        note = f" ({cluster.note})" if cluster.note else ""
-        cpu = f"CPU shared as the host's own ({cluster.cpu_note})" if cluster.cpu_note else f"cgroup {cluster.cpu.path}"
-        terminalreporter.write_line(f"dev cluster: {cluster.mode}{note}; login node {cluster.login_address}; {nodes}; "
-                                    f"nodes' processes: {cpu}")
+    for line in [*_lines, *(_summary(c) for c in _used)]:
+        terminalreporter.write_line(line)

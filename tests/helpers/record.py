@@ -1,22 +1,44 @@
 """What a test run records besides pass and fail: the attacks tried (each blocked or not) and the benchmark
-lines (ratios against a baseline measured in the same run); printed at the end and written to test-artifacts/."""
+lines (ratios against a baseline measured in the same run); printed at the end and written to test-artifacts/.
+
+In a run of several processes (pytest-xdist's ``-n``), each worker hands what it recorded to the main process as it
+ends (``handed``), which adds it to its own (``received``) before the summary."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from . import cpu
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 BENCH: list[str] = []  # benchmark lines (the bench fixture hands it out)
 ATTACKS: list[tuple[str, str, str]] = []  # (attack, "blocked" or "LEAKED", what was observed)
 FILE_SECONDS: dict[str, float] = {}  # each test file's setup, call and teardown time (a session fixture: where first used)
+STARTED = (time.monotonic(), cpu.machine())  # the run's start, and the machine's CPU seconds then
+KEY = "hpcai-record"  # what a worker hands over, in its workeroutput
 
 
 def timed(report: pytest.TestReport) -> None:
     """Add one phase of one test to its file's time."""
     path = report.nodeid.split("::")[0]
     FILE_SECONDS[path] = FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def handed(config: pytest.Config) -> None:
+    """In a worker, as it ends: its benchmark lines and attacks, for the main process."""
+    if hasattr(config, "workeroutput"):
+        config.workeroutput[KEY] = {"bench": BENCH, "attacks": ATTACKS}
+
+
+def received(workeroutput: dict[str, Any]) -> None:
+    """In the main process: a worker's benchmark lines and attacks, added to the run's."""
+    got = workeroutput.get(KEY, {})
+    BENCH.extend(got.get("bench", []))
+    ATTACKS.extend(tuple(row) for row in got.get("attacks", []))  # type: ignore[misc]
 
 
 def attack(name: str, blocked: bool, observed: str) -> None:
@@ -45,7 +67,11 @@ def report(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(f"{outcome:8} {name}: {seen}")
     if FILE_SECONDS:
         total = sum(FILE_SECONDS.values())
-        terminalreporter.section(f"where the time went: {total / 60:.1f} min in test files, the slowest 20")
+        wall = time.monotonic() - STARTED[0]
+        busy, every = (now - then for now, then in zip(cpu.machine(), STARTED[1]))
+        terminalreporter.section(f"where the time went: {total / 60:.1f} min in test files, {wall / 60:.1f} min from "
+                                 f"start to end, the machine's {cpu.CORES} cores busy {100 * busy / every:.0f} % of it; "
+                                 "the slowest 20 files")
         for path, seconds in sorted(FILE_SECONDS.items(), key=lambda item: -item[1])[:20]:
             terminalreporter.write_line(f"{seconds:7.1f} s  {100 * seconds / total:4.1f} %  {path}")
     if BENCH:
