@@ -37,6 +37,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     record.handed(session.config)
+    if record.lanes_broken():  # said in the summary
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's, in the main process
@@ -44,14 +46,13 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     record.received(getattr(node, "workeroutput", {}))
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m selects
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_itemcollected(item: pytest.Item) -> None:
     """A test that uses the dev cluster (its fixture, or marked so) is marked ``slurm`` and joins one group: the
-    cluster's tests run one after another in one process, the others beside them (``-n 2 --dist loadgroup``)."""
-    for item in items:
-        if "devcluster" in getattr(item, "fixturenames", ()) or item.get_closest_marker("slurm"):
-            item.add_marker(pytest.mark.slurm)
-            item.add_marker(pytest.mark.xdist_group("cluster"))
+    cluster's tests run one after another in one process, the others beside them (``-n 2 --dist loadgroup``).
+    Marked as it is collected: before -m selects, and before pytest-xdist reads the groups."""
+    if "devcluster" in getattr(item, "fixturenames", ()) or item.get_closest_marker("slurm"):
+        item.add_marker(pytest.mark.slurm)
+        item.add_marker(pytest.mark.xdist_group("cluster"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
