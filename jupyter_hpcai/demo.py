@@ -179,10 +179,17 @@ async def execute(base_url: str, token: str, kernel_id: str, code: str, timeout:
 
 
 def ensure_user(name: str) -> None:
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True, timeout=60)
+    """The unix user ``name``, made if missing; another process making users at once (it holds /etc/passwd's lock,
+    or made this one first) is waited for."""
+
+    def made() -> bool:
+        try:
+            return bool(pwd.getpwnam(name))
+        except KeyError:
+            return subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name],
+                                  capture_output=True, timeout=60).returncode == 0
+
+    wait_until(made, timeout=60, what=f"the user {name} to exist (useradd)")
 
 
 def prepare(say: Say) -> HubProcess:

@@ -16,6 +16,7 @@ from helpers import record
 from helpers.channel import add_binary, index, make_package
 from helpers.envs import LIB_SOURCE, MODULEFILE, SMALL_RECIPE, shipped_env
 from helpers.kernels import JobLab, lab_in_job
+from helpers.lanes import CLUSTER_LANE
 from jupyter_hpcai.envs import Builder, EnvDir, EnvStore, load_recipe, open_env
 
 pytest_plugins = ["jupyter_hpcai.devcluster.pytest_plugin"]
@@ -52,7 +53,7 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     Marked as it is collected: before -m selects, and before pytest-xdist reads the groups."""
     if "devcluster" in getattr(item, "fixturenames", ()) or item.get_closest_marker("slurm"):
         item.add_marker(pytest.mark.slurm)
-        item.add_marker(pytest.mark.xdist_group("cluster"))
+        item.add_marker(CLUSTER_LANE)
 
 
 def pytest_configure(config: pytest.Config) -> None:

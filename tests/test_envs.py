@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers.channel import index, make_package
+from helpers.lanes import CLUSTER_LANE
 from jupyter_hpcai.envs import Builder, EnvDir, EnvStore, Event, PrefixEnv, load_recipe, open_env, parse_recipe
 from jupyter_hpcai.envs.manifest import Lock, PrefixManifest
 from jupyter_hpcai.envs.conda import solve
@@ -375,6 +376,7 @@ def test_tf_horovod_cpu_env_verifies_gloo_and_mpi(tf_env: EnvDir) -> None:
 
 
 @pytest.mark.slow
+@CLUSTER_LANE  # it points the shipped env's jupyter_hpcai at another checkout for a while
 def test_a_second_checkout_reuses_the_build(tf_env: EnvDir, tmp_path: Path) -> None:
     """The same recipe in another clone of the project is up to date at once: its editable jupyter_hpcai is pointed
     at the clone (so the env runs the clone's code); building from this checkout again points it back."""

@@ -3,6 +3,7 @@ recipes' envs (kept between runs)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -39,5 +40,8 @@ prepend_path("PATH", "/opt/hpcai-test-module/bin")
 def shipped_env(recipe: str) -> EnvDir:
     """A shipped recipe's env, in a store outside the checkout that persists between runs: rebuilt only
     when the recipe changed (jupyter_hpcai is installed editable, so code changes need no rebuild)."""
-    store = EnvStore(Path(os.environ.get("HPCAI_TEST_ENV_ROOT", "/opt/hpcai/envs")))
-    return Builder(load_recipe(REPO / "recipes" / f"{recipe}.yaml"), store=store).run().dir
+    root = Path(os.environ.get("HPCAI_TEST_ENV_ROOT", "/opt/hpcai/envs"))
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{recipe}.test-lock", "w") as lock:  # the test run's two processes: one builds, one waits
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return Builder(load_recipe(REPO / "recipes" / f"{recipe}.yaml"), store=EnvStore(root)).run().dir
