@@ -201,13 +201,24 @@ def format_duration(seconds: int) -> str:
     return f"{days}-{text}" if days else text
 
 
+FORGOTTEN_AFTER = 5.0  # seconds a job must stay out of squeue's answers before it counts as forgotten: a loaded
+# slurmctld once answered a running job's squeue with no job at all
+
+
 def follow_output(job_id: int | str, log: Path, on_line: Callable[[str], None], poll: float = 0.5) -> int:
     """Pass each new line of a job's output file to ``on_line`` until the job ends; its exit status
-    (1 for a job cancelled or timed out without one). A job Slurm has forgotten before it was seen to end has no
-    known outcome: that raises, it never counts as success."""
-    offset, partial = 0, ""
+    (1 for a job cancelled or timed out without one). A job Slurm has forgotten (FORGOTTEN_AFTER) before it was seen
+    to end has no known outcome: that raises, it never counts as success."""
+    offset, partial, missing_since = 0, "", None
     while True:
         info = job_info(job_id)
+        if info is None:
+            missing_since = missing_since or time.monotonic()
+            if time.monotonic() - missing_since < FORGOTTEN_AFTER:  # not yet: ask again
+                time.sleep(poll)
+                continue
+        else:
+            missing_since = None
         if log.exists():
             with open(log, errors="replace") as out:
                 out.seek(offset)

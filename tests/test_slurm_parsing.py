@@ -1,5 +1,7 @@
 """Parsing of Slurm's text formats (no cluster needed)."""
 
+from pathlib import Path
+
 import pytest
 
 from jupyter_hpcai.errors import HPCAIError
@@ -49,3 +51,16 @@ def test_an_account_with_separators_moves_only_the_log_path() -> None:
 def test_a_short_job_record_is_refused() -> None:
     with pytest.raises(HPCAIError, match="not a job record"):
         parse_job_line("7|PENDING|debug")
+
+
+def test_a_job_missing_from_one_answer_is_asked_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loaded slurmctld once answered a running job's squeue with no job: one such answer is not the job's end."""
+    from jupyter_hpcai import slurm
+
+    answers = iter([None, {"JobState": "RUNNING"}, None, {"JobState": "COMPLETED", "ExitCode": "0:0"}])
+    monkeypatch.setattr(slurm, "job_info", lambda job_id: next(answers))
+    log = tmp_path / "job.out"
+    log.write_text("one\ntwo\n")
+    seen: list[str] = []
+    assert slurm.follow_output(7, log, seen.append, poll=0.01) == 0
+    assert seen == ["one", "two"]
