@@ -345,7 +345,9 @@ def test_a_server_that_dies_at_start_says_why(hub: Hub) -> None:
     finally:
         config.unlink()
     text = "\n".join(said)
-    assert re.search(r"Job \d+ (ended before the Jupyter server (started|answered)|is not running)", text), text
+    # the hub may see the job end before it saw it run (the server dies within a poll), or after
+    assert re.search(r"Job \d+ (ended before (the Jupyter server (started|answered)|it started running)|is not running)",
+                     text), text
     assert "Last lines of" in text and "/nonexistent/my-old-notebooks" in text, text
     assert "Internal Server Error" not in text, text
 

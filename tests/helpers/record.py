@@ -65,7 +65,10 @@ def attack(name: str, blocked: bool, observed: str) -> None:
 
 
 def report(terminalreporter: pytest.TerminalReporter) -> None:
-    """The attack table and the benchmark lines, at the end of the run."""
+    """The attack table and the benchmark lines, at the end of the run (in the main process: a worker hands its
+    records over instead)."""
+    if hasattr(terminalreporter.config, "workerinput"):
+        return
     from jupyter_hpcai.bench.stamp import stamp
 
     made = stamp()
