@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers.channel import index, make_package
+from helpers.envs import shipped_env_held
 from helpers.lanes import CLUSTER_LANE
 from jupyter_hpcai.envs import Builder, EnvDir, EnvStore, Event, PrefixEnv, load_recipe, open_env, parse_recipe
 from jupyter_hpcai.envs.manifest import Lock, PrefixManifest
@@ -404,15 +405,16 @@ def test_a_second_checkout_reuses_the_build(tf_env: EnvDir, tmp_path: Path) -> N
                               env=opened.environ(), capture_output=True, text=True, timeout=120, cwd="/")
         return Path(done.stdout.strip()).parents[1]
 
-    try:
-        out = build_from(clone)
-        assert "is up to date" in out and f"now follows {clone}" in out, out
-        assert tf_env.current() == before, "no new build"
-        assert follows() == clone
-        assert tf_env.current().manifest().editables == {"jupyter-hpcai": str(clone)}  # type: ignore[union-attr]
-    finally:
-        out = build_from(REPO)
-    assert "is up to date" in out and f"now follows {REPO}" in out and follows() == REPO
+    with shipped_env_held(tf_env.name):  # the other process's first use of the env waits until it follows REPO again
+        try:
+            out = build_from(clone)
+            assert "is up to date" in out and f"now follows {clone}" in out, out
+            assert tf_env.current() == before, "no new build"
+            assert follows() == clone
+            assert tf_env.current().manifest().editables == {"jupyter-hpcai": str(clone)}  # type: ignore[union-attr]
+        finally:
+            out = build_from(REPO)
+        assert "is up to date" in out and f"now follows {REPO}" in out and follows() == REPO
 
 
 @pytest.mark.slow

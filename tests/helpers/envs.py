@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from jupyter_hpcai.envs import Builder, EnvDir, EnvStore, load_recipe
@@ -37,11 +39,19 @@ prepend_path("PATH", "/opt/hpcai-test-module/bin")
 """
 
 
+@contextmanager
+def shipped_env_held(recipe: str) -> Iterator[Path]:
+    """The shipped envs' store, with ``recipe``'s env held against the test run's other process (which waits): while
+    one builds it, or a test changes it."""
+    root = Path(os.environ.get("HPCAI_TEST_ENV_ROOT", "/opt/hpcai/envs"))
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{recipe}.test-lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield root
+
+
 def shipped_env(recipe: str) -> EnvDir:
     """A shipped recipe's env, in a store outside the checkout that persists between runs: rebuilt only
     when the recipe changed (jupyter_hpcai is installed editable, so code changes need no rebuild)."""
-    root = Path(os.environ.get("HPCAI_TEST_ENV_ROOT", "/opt/hpcai/envs"))
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{recipe}.test-lock", "w") as lock:  # the test run's two processes: one builds, one waits
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with shipped_env_held(recipe) as root:
         return Builder(load_recipe(REPO / "recipes" / f"{recipe}.yaml"), store=EnvStore(root)).run().dir
