@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/hpcai demo "$@"
+.venv/bin/hpcai demo "$@"
+echo "[demo.sh, from its start: $SECONDS s]"

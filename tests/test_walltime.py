@@ -67,9 +67,10 @@ def test_the_jobs_end_stops_engines_that_outlived_their_kernel(tmp_path: Path) -
 def test_the_trap_marks_the_signal_and_the_server_goes_on(tmp_path: Path) -> None:
     """The rendered script in a real bash: USR1 writes the mark, the server keeps running to its own end, its
     exit status is the script's, and the job's folder is gone afterwards."""
-    done = tmp_path / "server-done"
+    done, go = tmp_path / "server-done", tmp_path / "server-may-end"
     path = tmp_path / "job.sh"
-    path.write_text(_render(60, ["bash", "-c", f"sleep 2; touch {done}; exit 3"], home=str(tmp_path)))
+    server = f"until [ -e {go} ]; do sleep 0.1; done; touch {done}; exit 3"  # runs until the test lets it end
+    path.write_text(_render(60, ["bash", "-c", server], home=str(tmp_path)))
     job = subprocess.Popen(["bash", str(path)], env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "77"})
     state = tmp_path / ".hpcai" / "jobs" / "77"
     wait_until(lambda: state.is_dir() or None, timeout=10, what="the job's folder")
@@ -77,7 +78,8 @@ def test_the_trap_marks_the_signal_and_the_server_goes_on(tmp_path: Path) -> Non
     job.send_signal(signal.SIGUSR1)
     mark = wait_until(lambda: allocation.walltime_signal({allocation.JOB_STATE_VAR: str(state)}), timeout=10,
                       what="the walltime mark")
-    assert abs(mark - time.time()) < 10 and not done.exists()  # the server still runs
+    assert abs(mark - time.time()) < 10 and job.poll() is None  # the server still runs
+    go.touch()
     assert job.wait(timeout=30) == 3 and done.exists()
     assert not state.exists()
 

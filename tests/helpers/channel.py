@@ -7,17 +7,21 @@ import hashlib
 import io
 import json
 import tarfile
-import time
 from pathlib import Path
+
+PACKAGE_TIMESTAMP = 1_767_225_600_000  # 2026-01-01, in ms as conda's index.json has it
 
 
 def make_package(channel: Path, name: str, version: str, files: dict[str, str], *, depends: tuple[str, ...] = (),
                  build: str = "0") -> Path:
-    """A noarch .tar.bz2 holding ``files`` (path -> text); ``.sh`` files are executable."""
+    """A noarch .tar.bz2 holding ``files`` (path -> text); ``.sh`` files are executable.
+
+    The same arguments make the same bytes (a fixed timestamp): both test lanes share the package cache, and a
+    package whose hash changed would be extracted again, under the links of prefixes built from it."""
     subdir = channel / "noarch"
     subdir.mkdir(parents=True, exist_ok=True)
     index = {"name": name, "version": version, "build": build, "build_number": 0, "depends": list(depends),
-             "subdir": "noarch", "noarch": "generic", "timestamp": int(time.time() * 1000), "license": "BSD-3-Clause"}
+             "subdir": "noarch", "noarch": "generic", "timestamp": PACKAGE_TIMESTAMP, "license": "BSD-3-Clause"}
     paths = [{"_path": p, "path_type": "hardlink", "sha256": hashlib.sha256(c.encode()).hexdigest(),
               "size_in_bytes": len(c.encode())} for p, c in files.items()]
     members = {"info/index.json": json.dumps(index), "info/files": "".join(f"{p}\n" for p in files),
