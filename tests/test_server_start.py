@@ -327,3 +327,17 @@ def test_the_server_builds_the_iri_grammar_only_when_a_schema_checks_an_iri(benc
     bench.append(f"notebook server's imports before it listens (jupyterhub.singleuser, JupyterLab): rfc3987_syntax "
                  f"deferred {took[True]:.2f} s / imported {took[False]:.2f} s = {took[True] / took[False]:.2f} "
                  "(4 rounds alternating, medians)")
+
+
+def test_the_server_extension_loads_no_ipyparallel() -> None:
+    """The server extension reads the job's engine sets as files (engines/listing.py): a server starts without
+    ipyparallel (the engines package imports its names at first use), and the kernel's names are still there."""
+    code = ("import sys, jupyter_hpcai.server, jupyter_hpcai.server.handlers\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'ipyparallel'))\n"
+            "import jupyter_hpcai.engines as E\n"
+            "print(E.Engines.__module__, E.current.__module__, E.plan.__module__, 'ipyparallel' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.splitlines() == ["[]", "jupyter_hpcai.engines.engines jupyter_hpcai.engines.engines "
+                                              "jupyter_hpcai.engines.launch True"], done.stdout
+    with pytest.raises(AttributeError, match="has no attribute 'Engine'"):
+        __import__("jupyter_hpcai.engines").engines.Engine  # noqa: B018 - a misspelt name says so

@@ -12,11 +12,29 @@ which never imports it back.
 - ``rest``: idle worlds rest (Horovod with a long cycle) until the next cell wakes them;
 - ``listing``: the job's engine sets as files (the server extension reads them too);
 - ``controller``: ipyparallel's controller as its own process, tied to the kernel outside a job.
+
+Its names are imported at their first use (PEP 562): the server extension reads ``listing`` without ipyparallel,
+0.14 s of a notebook server's start.
 """
 
-from .engines import Engines, current
-from .launch import LAUNCHERS, Layout, plan
-from .output import OUTPUT_MODES, RankFailure
-from .running_set import Rank
+from __future__ import annotations
 
-__all__ = ["LAUNCHERS", "OUTPUT_MODES", "Engines", "Layout", "Rank", "RankFailure", "current", "plan"]
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .engines import Engines, current
+    from .launch import LAUNCHERS, Layout, plan
+    from .output import OUTPUT_MODES, RankFailure
+    from .running_set import Rank
+
+_WHERE = {"Engines": "engines", "current": "engines", "LAUNCHERS": "launch", "Layout": "launch", "plan": "launch",
+          "OUTPUT_MODES": "output", "RankFailure": "output", "Rank": "running_set"}
+__all__ = ["LAUNCHERS", "OUTPUT_MODES", "Engines", "Layout", "Rank", "RankFailure", "current", "plan"]  # = _WHERE
+
+
+def __getattr__(name: str) -> Any:
+    """``name`` from the module that defines it, imported now."""
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)
