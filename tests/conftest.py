@@ -16,7 +16,7 @@ from helpers import record
 from helpers.channel import add_binary, index, make_package
 from helpers.envs import LIB_SOURCE, MODULEFILE, SMALL_RECIPE, shipped_env
 from helpers.kernels import JobLab, lab_in_job
-from helpers.lanes import CLUSTER_LANE, yield_to_the_cluster
+from helpers.lanes import CLUSTER_LANE
 from jupyter_hpcai.envs import Builder, EnvDir, EnvStore, load_recipe, open_env
 
 pytest_plugins = ["jupyter_hpcai.devcluster.pytest_plugin"]
@@ -40,11 +40,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     record.handed(session.config)
     if record.lanes_broken():  # said in the summary
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    yield_to_the_cluster(item)  # before the test's fixtures start anything
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's, in the main process
