@@ -335,9 +335,10 @@ def test_the_server_extension_loads_no_ipyparallel() -> None:
     code = ("import sys, jupyter_hpcai.server, jupyter_hpcai.server.handlers\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'ipyparallel'))\n"
             "import jupyter_hpcai.engines as E\n"
+            "print({'Engines', 'current', 'plan'} <= set(dir(E)))\n"  # tab completion lists them before their use
             "print(E.Engines.__module__, E.current.__module__, E.plan.__module__, 'ipyparallel' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert done.stdout.splitlines() == ["[]", "jupyter_hpcai.engines.engines jupyter_hpcai.engines.engines "
+    assert done.stdout.splitlines() == ["[]", "True", "jupyter_hpcai.engines.engines jupyter_hpcai.engines.engines "
                                               "jupyter_hpcai.engines.launch True"], done.stdout
     with pytest.raises(AttributeError, match="has no attribute 'Engine'"):
         __import__("jupyter_hpcai.engines").engines.Engine  # noqa: B018 - a misspelt name says so

@@ -73,13 +73,15 @@ def test_the_trap_marks_the_signal_and_the_server_goes_on(tmp_path: Path) -> Non
     path.write_text(_render(60, ["bash", "-c", server], home=str(tmp_path)))
     job = subprocess.Popen(["bash", str(path)], env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "77"})
     state = tmp_path / ".hpcai" / "jobs" / "77"
-    wait_until(lambda: state.is_dir() or None, timeout=10, what="the job's folder")
-    assert state.stat().st_mode & 0o777 == 0o700
-    job.send_signal(signal.SIGUSR1)
-    mark = wait_until(lambda: allocation.walltime_signal({allocation.JOB_STATE_VAR: str(state)}), timeout=10,
-                      what="the walltime mark")
-    assert abs(mark - time.time()) < 10 and job.poll() is None  # the server still runs
-    go.touch()
+    try:
+        wait_until(lambda: state.is_dir() or None, timeout=10, what="the job's folder")
+        assert state.stat().st_mode & 0o777 == 0o700
+        job.send_signal(signal.SIGUSR1)
+        mark = wait_until(lambda: allocation.walltime_signal({allocation.JOB_STATE_VAR: str(state)}), timeout=10,
+                          what="the walltime mark")
+        assert abs(mark - time.time()) < 10 and job.poll() is None  # the server still runs
+    finally:
+        go.touch()  # the server ends, whatever failed above
     assert job.wait(timeout=30) == 3 and done.exists()
     assert not state.exists()
 

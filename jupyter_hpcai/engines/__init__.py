@@ -38,3 +38,8 @@ def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    """The submodules loaded so far and the package's names (tab completion lists them before their first use)."""
+    return sorted({*globals(), *_WHERE})
