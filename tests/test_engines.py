@@ -357,8 +357,7 @@ def test_a_world_at_rest_wakes_at_the_next_cell(world: JobKernel, bench: list[st
     assert max(rounds["at_rest"]) < 25 and woken > 3 * max(rounds["at_rest"]), rounds
     wake, first = statistics.median(rounds["wake_s"]), statistics.median(rounds["awake_s"])
     bench.append(f"allreduce throughput ({COUNT} x 4 KiB after 24 to warm up, 4 ranks on 2 nodes, Gloo) in a world "
-                 f"woken from rest "
-                 f"{woken:.0f}/s / in the same world initialised again the same way without a rest {awake:.0f}/s = "
+                 f"woken from rest {woken:.0f}/s / in the same world initialised again the same way without a rest {awake:.0f}/s = "
                  f"{woken / awake:.3f} "
                  f"(target >= 0.99); the first cell after the rest {wake * 1e3:.0f} ms / awake {first * 1e3:.0f} ms "
                  f"(the wake's cost); {ROUNDS} rounds alternating, medians (woken {[round(r) for r in rounds['woken']]}, "
