@@ -120,7 +120,7 @@ _ROWS = [
     Variable("HPCAI_CHECKPOINT_DIR", ("admin", "user"), ("rank",),
              "where hpc.Checkpoint saves, <dir>/<name> (default ~/.hpcai/checkpoints)"),
     # the dev cluster, the demo hub (spawner_config/demo_config.py), the benchmarks and the tests
-    Variable("HPCAI_DEVCLUSTER_DIR", ("user",), ("cli", "hub", "tests"),
+    Variable("HPCAI_DEVCLUSTER_DIR", ("user", "cli", "tests"), ("cli", "hub", "tests"),
              "the dev cluster's state: configs, spool, logs (default /var/lib/hpcai/devcluster)"),
     Variable("HPCAI_HUB_DIR", ("cli", "user", "tests"), ("hub", "cli"),
              "the demo hub's state: database, secrets, pid files, log (default /var/lib/hpcai/hub)"),

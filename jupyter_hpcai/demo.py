@@ -195,7 +195,8 @@ def ensure_user(name: str) -> None:
 def prepare(say: Say) -> HubProcess:
     """Dev cluster up, env built (or reused) with its kernel, demo user, hub running. The env builds in a thread
     while the user, the examples and the hub (which do not need it) come up; each phase says how long it took."""
-    cluster = DevCluster()
+    running = DevCluster.load()  # the one in HPCAI_DEVCLUSTER_DIR as it was set up, when it runs
+    cluster = running if running.running() else DevCluster()
     with timed(say, "dev cluster"):
         cluster.up()
     os.environ.update(cluster.variables())  # before the env's build starts: threads share the environment

@@ -5,6 +5,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # the documentation's builders: the docs build in the test run (test_docs) then needs no network
 .venv/bin/uv pip install -q --python .venv/bin/python -r docs/requirements.txt
-# Two processes: the tests that use the dev cluster run one after another in one (they share its nodes), the
-# others beside them (conftest.py groups them); the slowest 15 tests are printed at the end.
-exec .venv/bin/python -m pytest -n 2 --dist loadgroup --durations=15 "$@"
+# Two processes, each with a dev cluster of its own (jupyter_hpcai/devcluster/pytest_plugin.py), take whole files as
+# they free up, the longest first (conftest.py orders them); the slowest 15 tests are printed at the end.
+exec .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15 "$@"

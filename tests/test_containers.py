@@ -316,9 +316,10 @@ def test_a_researcher_without_root(devcluster, image: Path) -> None:  # type: ig
     import shutil
     import tempfile
 
+    from helpers.hub import USER
     from jupyter_hpcai.demo import ensure_user
 
-    user = "hpcai-alice"
+    user = USER
     ensure_user(user)
     home = pwd.getpwnam(user).pw_dir
     work = Path(tempfile.mkdtemp(prefix="hpcai-container-user-"))  # not under pytest's root-only tmp

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,7 +17,6 @@ import pytest
 
 from helpers.channel import index, make_package
 from helpers.envs import shipped_env_held
-from helpers.lanes import CLUSTER_LANE
 from jupyter_hpcai.envs import Builder, EnvDir, EnvStore, Event, PrefixEnv, load_recipe, open_env, parse_recipe
 from jupyter_hpcai.envs.manifest import Lock, PrefixManifest
 from jupyter_hpcai.envs.conda import solve
@@ -377,12 +377,17 @@ def test_tf_horovod_cpu_env_verifies_gloo_and_mpi(tf_env: EnvDir) -> None:
 
 
 @pytest.mark.slow
-@CLUSTER_LANE  # it points the shipped env's jupyter_hpcai at another checkout for a while
-def test_a_second_checkout_reuses_the_build(tf_env: EnvDir, tmp_path: Path) -> None:
+def test_a_second_checkout_reuses_the_build(tf_env: EnvDir) -> None:
     """The same recipe in another clone of the project is up to date at once: its editable jupyter_hpcai is pointed
-    at the clone (so the env runs the clone's code); building from this checkout again points it back."""
-    clone = tmp_path / "second-checkout"
-    clone.mkdir()
+    at the clone (so the env runs the clone's code); building from this checkout again points it back.
+
+    The shipped env is shared with the run's other process, whose kernels (the hub users' too) start from it while it
+    follows the clone: the clone is a copy of this working tree, in a folder every user reads, kept after the test
+    (a kernel started meanwhile may still import from it) and removed by the next run's."""
+    for earlier in Path("/var/tmp").glob("hpcai-second-checkout-*"):
+        shutil.rmtree(earlier)
+    clone = Path(tempfile.mkdtemp(prefix="hpcai-second-checkout-", dir="/var/tmp"))
+    clone.chmod(0o755)
     tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True,
                              timeout=60).stdout.decode().split("\0")
     for name in (n for n in tracked if n and (REPO / n).is_file()):  # the working tree as it is, changes included
@@ -414,7 +419,7 @@ def test_a_second_checkout_reuses_the_build(tf_env: EnvDir, tmp_path: Path) -> N
             assert tf_env.current().manifest().editables == {"jupyter-hpcai": str(clone)}  # type: ignore[union-attr]
         finally:
             out = build_from(REPO)
-        assert "is up to date" in out and f"now follows {REPO}" in out and follows() == REPO
+    assert "is up to date" in out and f"now follows {REPO}" in out and follows() == REPO
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ from helpers.record import attack
 from helpers.sockets import listeners
 from helpers.hub import BOB, USER, Hub, as_user, ensure_user, every_gpu_held
 from jupyter_hpcai import allocation, slurm
+from jupyter_hpcai.devcluster import SEPARATE, DevCluster
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
 from jupyter_hpcai.spawner.hub_api import follow_up_name
@@ -55,10 +56,11 @@ def _server_token(job: str) -> str:
     return wait_until(found, timeout=30, what="alice's server token")
 
 
-def _listening_uids(addr: str, port: int) -> set[int]:
+def _listening_uids(cluster: DevCluster, addr: str, port: int) -> set[int]:
     """The owners (uids) of the TCP sockets listening on ``addr:port``, in the node network namespaces of the dev
     cluster (the host's own, when its nodes share it)."""
-    namespaces = [f"--net={ns}" for ns in sorted(Path("/run/netns").glob("hpcai-*"))] or ["--net=/proc/1/ns/net"]
+    namespaces = ([f"--net=/run/netns/{cluster.net.namespace(n)}" for n in cluster.node_names]
+                  if cluster.mode == SEPARATE else ["--net=/proc/1/ns/net"])
     uids = set()
     for ns in namespaces:
         table = subprocess.run(["nsenter", ns, "cat", "/proc/net/tcp"], capture_output=True, text=True, timeout=10)
@@ -82,7 +84,8 @@ def server(hub: Hub) -> Iterator[dict[str, str]]:
     subprocess.run(["scancel", bobs.stdout.strip()], timeout=30, check=False)
 
 
-def test_a_server_reports_its_port_and_sets_nothing_else(hub: Hub, server: dict[str, str], tmp_path: Path) -> None:
+def test_a_server_reports_its_port_and_sets_nothing_else(devcluster: DevCluster, hub: Hub, server: dict[str, str],
+                                                          tmp_path: Path) -> None:
     owned = tmp_path / "owned"
     tmp_path.chmod(0o777)
     bodies = {
@@ -110,7 +113,7 @@ def test_a_server_reports_its_port_and_sets_nothing_else(hub: Hub, server: dict[
     status, _ = hub.api("GET", f"/users/{USER}")
     assert status == 200 and after["ready"]
     target = urllib.parse.urlsplit(hub.api("GET", "/proxy")[1][f"/user/{USER}/"]["target"])
-    holders = _listening_uids(str(target.hostname), int(target.port or 0))
+    holders = _listening_uids(devcluster, str(target.hostname), int(target.port or 0))
     attack("alice's route leads to a port her server does not hold", holders == {pwd.getpwnam(USER).pw_uid},
            f"{target.netloc} is listened on by uids {sorted(holders)}")
     hub.stop_server()

@@ -18,10 +18,8 @@ import pytest
 
 from helpers.envs import REPO
 from helpers.hub import USER, ensure_user
-from helpers.lanes import CLUSTER_LANE
 from jupyter_hpcai.envs import Builder, EnvStore, load_recipe
 
-pytestmark = CLUSTER_LANE  # these tests work in the hub users' homes (alice's kernels), as the cluster's do
 
 HPCAI = str(Path(sys.executable).parent / "hpcai")
 

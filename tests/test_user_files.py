@@ -15,14 +15,12 @@ import pytest
 
 from helpers.record import attack
 from helpers.hub import BOB, ensure_user
-from helpers.lanes import CLUSTER_LANE
 from jupyter_hpcai import export
 from jupyter_hpcai.demo import REPO, copy_examples
 from jupyter_hpcai.ranks import stacks
 from jupyter_hpcai.envs.container import without_secrets
 from jupyter_hpcai.errors import HPCAIError
 
-pytestmark = CLUSTER_LANE  # these tests work in the hub users' homes, as the cluster's do
 
 EXAMPLES = sorted(p.name for p in (REPO / "examples").glob("*.ipynb"))
 RECORD = ".hpcai-examples.json"

@@ -90,7 +90,8 @@ class DevCluster:
     """A dev cluster: ``nodes`` nodes named n1..nN, each with ``gpus_per_node`` fake GPUs.
 
     slurmctld listens on ``port`` and node i's slurmd on ``port + i``, so clusters with
-    different state directories and ports can run side by side. With ``separate_hosts`` each
+    different state directories and ports can run side by side; ``first_job_id`` keeps their job ids apart. With
+    ``separate_hosts`` each
     node gets its own network namespace and an address of ``network`` on the bridge ``bridge``;
     ``mode`` says what ``up`` could make (``note`` why, when it fell back to one shared address);
     ``cpu_note`` says why the nodes share the host's CPU as its own processes do, when they do.
@@ -105,6 +106,7 @@ class DevCluster:
     network: str = "10.213.0.0/24"
     bridge: str = "hpcai0"
     netns_prefix: str = "hpcai-"
+    first_job_id: int = 1
     mode: str = field(default="", compare=False)
     note: str = field(default="", compare=False)
     cpu_note: str = field(default="", compare=False)
@@ -157,8 +159,8 @@ class DevCluster:
         return f"n[1-{self.nodes}]" if self.nodes > 1 else "n1"
 
     def variables(self) -> dict[str, str]:
-        """What a shell or a process needs to use this cluster."""
-        return {"SLURM_CONF": str(self.conf)}
+        """What a shell or a process needs to use this cluster (``hpcai`` itself finds it by its state dir)."""
+        return {"SLURM_CONF": str(self.conf), "HPCAI_DEVCLUSTER_DIR": str(self.state_dir)}
 
     def environ(self) -> dict[str, str]:
         """This process's environment with the cluster's variables set."""
@@ -298,6 +300,7 @@ class DevCluster:
             "state": str(state), "host": host, "ctld_port": str(self.port), "nodes": str(self.nodes),
             "nodelist": self.nodelist, "node_lines": node_lines, "last_gpu": str(self.gpus_per_node - 1),
             "login_address": self.login_address, "mode": self.mode, "loopback_only": loopback_only,
+            "first_job_id": str(self.first_job_id),
         }
         templates = files(__package__) / "templates"
         self.conf.write_text(Template((templates / "slurm.conf").read_text()).substitute(values))

@@ -1,14 +1,50 @@
-"""pytest fixture for the dev cluster: ``pytest_plugins = ["jupyter_hpcai.devcluster.pytest_plugin"]``."""
+"""pytest fixture for the dev cluster: ``pytest_plugins = ["jupyter_hpcai.devcluster.pytest_plugin"]``.
+
+Each of pytest-xdist's worker processes (``-n``) has a dev cluster of its own, so that two never share nodes: the
+first worker (or a run without ``-n``) the default one; worker gwN (N >= 1) one with its own state dir, ports,
+network, bridge, namespaces and job ids, whose nodes are named n1, n2... too. The hook below starts those workers
+with an /etc/hosts of their own (own_hosts.py), where those names mean their cluster's nodes.
+"""
 
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ..errors import HPCAIError
+from . import own_hosts
 from .cluster import DevCluster
+
+
+def worker_number() -> int:
+    """N of pytest-xdist's worker gwN that runs this; 0 without pytest-xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker.removeprefix("gw")) if worker.startswith("gw") else 0
+
+
+def worker_cluster(number: int) -> DevCluster:
+    """Worker ``number``'s dev cluster: the default one for 0, else one beside it that shares nothing with it."""
+    default = DevCluster()
+    if number == 0:
+        return default
+    return DevCluster(state_dir=default.state_dir.with_name(f"{default.state_dir.name}-{number}"),
+                      port=default.port + 200 * number, network=f"10.214.{number}.0/24", bridge=f"hpcai{number}",
+                      netns_prefix=f"hpcai{number}-", first_job_id=100_000 * number + 1)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's, in the main process
+def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
+    """Start every worker but the first with an /etc/hosts of its own, and an IPython folder of its own (engine
+    sets outside a job are found there)."""
+    for number, spec in enumerate(specs[1:], start=1):
+        spec.python = shlex.join(own_hosts.command([spec.python or sys.executable]))
+        spec.env["IPYTHONDIR"] = str(Path.home() / f".ipython-gw{number}")
 
 _used: list[DevCluster] = []  # the session's cluster, for the summary line
 _lines: list[str] = []  # that line, from the worker that used the cluster (pytest-xdist's -n)
@@ -16,12 +52,19 @@ _lines: list[str] = []  # that line, from the worker that used the cluster (pyte
 
 @pytest.fixture(scope="session")
 def devcluster() -> Iterator[DevCluster]:
-    """The dev cluster (2 nodes x 4 fake GPUs), up for the session; SLURM_CONF is set for every test.
+    """This process's dev cluster (2 nodes x 4 fake GPUs), up for the session; SLURM_CONF and
+    HPCAI_DEVCLUSTER_DIR are set for every test.
 
     A cluster that was already running is reused and left running; one started here is stopped
     at the end of the session.
     """
-    cluster = DevCluster()
+    number = worker_number()
+    if number and not own_hosts.hosts_are_own():
+        raise HPCAIError(f"pytest-xdist's worker gw{number} would start a second dev cluster, but the names of its nodes"
+                         " would mean the first one's: this process has the host's /etc/hosts",
+                         "load this plugin in the main process too (tests/conftest.py does), so that its hook starts"
+                         " the workers with an /etc/hosts of their own")
+    cluster = worker_cluster(number)
     started_here = not cluster.running()
     cluster.up()
     os.environ.update(cluster.variables())

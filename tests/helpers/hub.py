@@ -14,10 +14,12 @@ from typing import Any
 from helpers.jupyter import free_port
 from jupyter_hpcai import slurm
 from jupyter_hpcai.demo import HubProcess, ensure_user
+from jupyter_hpcai.devcluster.pytest_plugin import worker_number
 from jupyter_hpcai.proc import wait_until
 
-USER = "hpcai-alice"
-BOB = "hpcai-bob"  # the other user: hostile to alice in the security tests
+_WORKER = str(worker_number() or "")  # each of the run's processes has users of its own, as it has a cluster
+USER = f"hpcai-alice{_WORKER}"
+BOB = f"hpcai-bob{_WORKER}"  # the other user: hostile to alice in the security tests
 PASSWORD = "demo-" + secrets.token_hex(4)
 __all__ = ["BOB", "CHROMIUM_ARGS", "PASSWORD", "USER", "Hub", "as_user", "ensure_user", "every_gpu_held",
            "logged_in_page"]

@@ -22,26 +22,11 @@ STARTED = (time.monotonic(), cpu.machine())  # the run's start, and the machine'
 KEY = "hpcai-record"  # what a worker hands over, in its workeroutput
 
 
-CLUSTER_PROCESSES: set[str] = set()  # the processes that ran the dev cluster's tests: one, or they shared its nodes
-
 
 def timed(report: pytest.TestReport) -> None:
-    """Add one phase of one test to its file's time; note which process ran it if it used the dev cluster."""
+    """Add one phase of one test to its file's time."""
     path = report.nodeid.split("::")[0]
     FILE_SECONDS[path] = FILE_SECONDS.get(path, 0.0) + report.duration
-    if "slurm" in report.keywords:
-        worker = getattr(report, "node", None)  # pytest-xdist's worker that ran it (in the main process)
-        CLUSTER_PROCESSES.add(worker.gateway.id if worker is not None else "main")
-
-
-def lanes_broken() -> str | None:
-    """What went wrong if the dev cluster's tests ran in more than one process (they would share its nodes)."""
-    if len(CLUSTER_PROCESSES) < 2:
-        return None
-    where = ", ".join(sorted(CLUSTER_PROCESSES))
-    return (f"the dev cluster's tests ran in {len(CLUSTER_PROCESSES)} processes at once ({where}): pytest-xdist's "
-            "--dist loadgroup did not keep their group together (pytest-xdist issue 1386, with pytest 9.2); install "
-            "what pyproject.toml's test extra asks for")
 
 
 def handed(config: pytest.Config) -> None:
@@ -84,9 +69,6 @@ def report(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section(f"attacks tried: {blocked} (test-artifacts/security-attacks.md)")
         for name, outcome, seen in ATTACKS:
             terminalreporter.write_line(f"{outcome:8} {name}: {seen}")
-    if broken := lanes_broken():
-        terminalreporter.section("the run is not valid", red=True)
-        terminalreporter.write_line(broken, red=True)
     if FILE_SECONDS:
         total = sum(FILE_SECONDS.values())
         wall = time.monotonic() - STARTED[0]
