@@ -88,13 +88,16 @@ def devcluster() -> None:
               help="Private address block: the host (login node) gets the first address, node i the (i+1)th.")
 @click.option("--bridge", default="hpcai0", show_default=True, help="Name of the bridge joining the nodes.")
 @click.option("--netns-prefix", default="hpcai-", show_default=True, help="Node i's namespace is PREFIXni.")
+@click.option("--first-job-id", default=1, show_default=True, type=click.IntRange(1, 67_000_000),
+              help="The first job's id: clusters side by side keep their job ids apart.")
 @state_dir_option
 def devcluster_up(nodes: int, gpus_per_node: int, port: int, single_host: bool, network: str, bridge: str,
-                  netns_prefix: str, state_dir: Path | None) -> None:
+                  netns_prefix: str, first_job_id: int, state_dir: Path | None) -> None:
     """Start the dev cluster (harmless when it already runs) and wait until every node is idle."""
     kwargs = {"state_dir": state_dir} if state_dir else {}
     cluster = DevCluster(nodes=nodes, gpus_per_node=gpus_per_node, port=port, separate_hosts=not single_host,
-                         network=network, bridge=bridge, netns_prefix=netns_prefix, **kwargs)
+                         network=network, bridge=bridge, netns_prefix=netns_prefix, first_job_id=first_job_id,
+                         **kwargs)
     with console.status("starting munge, slurmctld and the slurmds..."):
         cluster.up()
     if cluster.note:

@@ -41,7 +41,9 @@ class HubProcess:
     def __init__(self, state: Path, port: int, internal_port: int | None = None, proxy_api_port: int | None = None,
                  password: str = "", token: str = "", users: tuple[str, ...] = (DEMO_USER,)) -> None:
         self.state, self.port, self.users = state, port, users
-        self.internal_port, self.proxy_api_port = internal_port or port + 1, proxy_api_port or port + 2
+        # unset: from the environment (the tests choose free ports), else next to the public port
+        self.internal_port = internal_port or int(os.environ.get("HPCAI_HUB_INTERNAL_PORT") or port + 1)
+        self.proxy_api_port = proxy_api_port or int(os.environ.get("HPCAI_PROXY_API_PORT") or port + 2)
         self.url = f"http://127.0.0.1:{port}"
         self.password, self.token = password, token
         self.log = state / "hub.log"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.envs import shipped_env_held
 from helpers.jupyter import free_port
 from jupyter_hpcai import slurm
 from jupyter_hpcai.demo import DEMO_USER, NOTEBOOK, REPO, _running, check_cells, copy_examples, ensure_user
@@ -27,9 +28,11 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 def test_demo_check_walks_the_whole_path(devcluster, tf_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     state = tmp_path / "hub"
     env = {**os.environ, "HPCAI_HUB_DIR": str(state), "HPCAI_HUB_PORT": str(free_port()),
+           "HPCAI_HUB_INTERNAL_PORT": str(free_port()), "HPCAI_PROXY_API_PORT": str(free_port()),
            "HPCAI_ENV_ROOT": str(tf_env.root.path), "COLUMNS": "200"}
     try:
-        done = subprocess.run([HPCAI, "demo", "--check"], capture_output=True, text=True, timeout=1200, env=env)
+        with shipped_env_held(tf_env.name):  # the demo builds (or reuses) the shipped env, as the run's other process may
+            done = subprocess.run([HPCAI, "demo", "--check"], capture_output=True, text=True, timeout=1200, env=env)
     finally:  # the hub outlives the command by design: --stop ends it, its proxy and the cluster
         stopped = subprocess.run([HPCAI, "demo", "--stop"], capture_output=True, text=True, timeout=300, env=env)
         again = subprocess.run([HPCAI, "demo", "--stop"], capture_output=True, text=True, timeout=300, env=env)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_hpcai import slurm
-from jupyter_hpcai.devcluster import SEPARATE, SHARED, DevCluster, check_prerequisites
+from jupyter_hpcai.devcluster import SEPARATE, SHARED, DevCluster, check_prerequisites, own_hosts
 from jupyter_hpcai.devcluster.cpu import NodeCPU
 from jupyter_hpcai.devcluster.network import NODE_IFACE
 from jupyter_hpcai.errors import HPCAIError
@@ -105,13 +105,33 @@ def _daemon_pids(state_dir: Path) -> list[int]:
     return pids
 
 
+def test_own_hosts_gives_a_command_an_etc_hosts_of_its_own(devcluster: DevCluster) -> None:
+    """A second cluster's processes resolve n1, n2 in an /etc/hosts of their own: a copy without any dev cluster's
+    block, written inside and gone with them, never the host's (this process's) file."""
+    before = Path("/etc/hosts").read_text()
+    assert f"# hpcai-devcluster {devcluster.state_dir} begin" in before  # this process's cluster names its nodes here
+    inside = ('grep -c "hpcai-devcluster" /etc/hosts; echo "10.214.99.2 hpcai-probe" >> /etc/hosts; '
+              'getent hosts hpcai-probe; "$0" -c "from jupyter_hpcai.devcluster import own_hosts as o; '
+              'print(o.hosts_are_own())"')
+    done = subprocess.run(own_hosts.command(["sh", "-c", inside, sys.executable]), capture_output=True, text=True,
+                          timeout=60)
+    blocks, probe, own = done.stdout.splitlines()
+    assert (blocks, probe.split(), own) == ("0", ["10.214.99.2", "hpcai-probe"], "True"), done.stdout + done.stderr
+    assert Path("/etc/hosts").read_text() == before
+    assert subprocess.run(["getent", "hosts", "hpcai-probe"], capture_output=True, timeout=30).returncode != 0
+
+
 def test_down_stops_everything_and_up_works_again(devcluster: DevCluster, tmp_path: Path) -> None:
     """A second, separate cluster (own state dir and ports) beside the session's one."""
-    other = DevCluster(state_dir=tmp_path / "cluster", nodes=2, gpus_per_node=1, port=7817, **OTHER_NETWORK)
+    other = DevCluster(state_dir=tmp_path / "cluster", nodes=2, gpus_per_node=1, port=7817, first_job_id=500_001,
+                       **OTHER_NETWORK)
     try:
         for _ in range(2):
             other.up()
             assert {(n.name, n.gpus, n.state) for n in slurm.nodes(other.environ())} == {("n1", 1, "idle"), ("n2", 1, "idle")}
+            job = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "true"], env=other.environ(),
+                                 capture_output=True, text=True, timeout=30)
+            assert int(job.stdout.strip()) >= 500_001, job.stdout + job.stderr  # its job ids are its own
             daemons = {d.pid() for d in other.daemons()}
             assert None not in daemons and len(daemons) == 4  # munged, slurmctld, two slurmd
             assert daemons <= set(_daemon_pids(other.state_dir))

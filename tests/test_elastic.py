@@ -22,6 +22,7 @@ import pytest
 
 from helpers.kernels import JobKernel, kernel_in_job
 from jupyter_hpcai import slurm
+from jupyter_hpcai.devcluster import DevCluster
 from jupyter_hpcai.proc import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -143,8 +144,9 @@ def test_a_grown_job_that_waits_returns_at_once_and_shrink_cancels_it(devcluster
         subprocess.run(["scancel", str(blocker)], timeout=30, check=False)
 
 
-def _node_ranks(node: str) -> list[int]:
-    """PIDs of the rank processes (ranks/boot.py) running on ``node``."""
+def _node_ranks(node: str, job: int | str) -> list[int]:
+    """PIDs of the rank processes (ranks/boot.py) of Slurm job ``job`` running on ``node`` (the run's other process
+    has a cluster whose nodes have the same names)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -152,18 +154,22 @@ def _node_ranks(node: str) -> list[int]:
             env = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
             continue
-        if b"jupyter_hpcai.ranks.boot" in cmd and f"SLURMD_NODENAME={node}\0".encode() in env:
+        if (b"jupyter_hpcai.ranks.boot" in cmd and f"SLURMD_NODENAME={node}\0".encode() in env
+                and f"SLURM_JOB_ID={job}\0".encode() in env):
             found.append(int(pid))
     return found
 
 
-def _fail_node(node: str, checkpoints: Path) -> None:
-    """Once the training saved at step 15: the node's slurmd and its ranks are killed (a node failure)."""
+def _fail_node(cluster: DevCluster, node: str, job: int, checkpoints: Path) -> None:
+    """Once the training saved at step 15: the node's slurmd and job ``job``'s ranks on it are killed (a node
+    failure)."""
     latest = checkpoints / "latest"
     wait_until(lambda: latest.exists() and latest.read_text().strip() >= "step-000000015", timeout=300,
                what="the training to save step 15")
-    subprocess.run(["pkill", "-KILL", "-f", f"slurmd -N {node}"], timeout=10, check=False)
-    for pid in _node_ranks(node):
+    slurmd = next(d for d in cluster.daemons() if d.name == f"slurmd {node}").pid()
+    assert slurmd is not None, f"slurmd {node} is not running"
+    os.kill(slurmd, signal.SIGKILL)
+    for pid in _node_ranks(node, job):
         os.kill(pid, signal.SIGKILL)
 
 
@@ -174,7 +180,7 @@ def test_a_lost_node_and_the_cell_goes_on_with_the_survivors(devcluster, torch_e
     try:
         with kernel_in_job(torch_env, tmp_path, ("-N2", "--no-kill", "--ntasks-per-node=2", "--gpus-per-node=2")) as k:
             assert k.run("%load_ext jupyter_hpcai").status == "ok" and k.run("%hpc start").status == "ok"
-            killer = threading.Thread(target=_fail_node, args=("n2", checkpoints))
+            killer = threading.Thread(target=_fail_node, args=(devcluster, "n2", k.job_id, checkpoints))
             killer.start()
             cell = k.run(TRAIN.format(options=" --elastic 2", folder=str(checkpoints), end=60, pause=0.2), timeout=600)
             killer.join()
@@ -191,8 +197,7 @@ def test_a_lost_node_and_the_cell_goes_on_with_the_survivors(devcluster, torch_e
             assert _job_state(str(k.job_id)) == "RUNNING"
             assert k.run("%%torchrun\nworld_size").result == "2"
     finally:
-        subprocess.run([str(Path(sys.executable).parent / "hpcai"), "devcluster", "up"], timeout=300, check=False)
-        wait_until(lambda: all(n.usable for n in slurm.nodes()), timeout=300, what="n2 back in service")
+        devcluster.up(timeout=300)  # n2's slurmd again
 
 
 # Horovod on TensorFlow, over Gloo once re-formed: the same checkpointed loop
@@ -252,7 +257,7 @@ def test_horovod_goes_on_after_a_lost_node(devcluster, tf_env, tmp_path: Path,  
     try:
         with kernel_in_job(tf_env, tmp_path, ("-N2", "--no-kill", "--ntasks-per-node=2", "--gpus-per-node=2")) as k:
             assert k.run("%load_ext jupyter_hpcai").status == "ok" and k.run("%hpc start").status == "ok"
-            killer = threading.Thread(target=_fail_node, args=("n2", checkpoints))
+            killer = threading.Thread(target=_fail_node, args=(devcluster, "n2", k.job_id, checkpoints))
             killer.start()
             cell = k.run(HOROVOD_TRAIN.format(options=" --elastic 2", folder=str(checkpoints), end=60, pause=0.2),
                          timeout=600)
@@ -264,8 +269,7 @@ def test_horovod_goes_on_after_a_lost_node(devcluster, tf_env, tmp_path: Path,  
             assert [(o[0], o[1], o[2]) for o in out] == [(2, 60, True)] * 2 and out[0][3] == out[1][3]
             assert _job_state(str(k.job_id)) == "RUNNING"
     finally:
-        subprocess.run([str(Path(sys.executable).parent / "hpcai"), "devcluster", "up"], timeout=300, check=False)
-        wait_until(lambda: all(n.usable for n in slurm.nodes()), timeout=300, what="n2 back in service")
+        devcluster.up(timeout=300)  # n2's slurmd again
 
 
 # The bench's loop: rank 0 prints when the loop took its first step after a (re)start
@@ -307,7 +311,7 @@ def _loss_recovery(kernel: JobKernel, folder: Path, elastic: bool, steps: list[t
         wait_until(lambda: latest.exists() and latest.read_text().strip() >= "step-000000015", timeout=300,
                    what="step 15 saved")
         killed.append(time.time())
-        for pid in _node_ranks("n2"):
+        for pid in _node_ranks("n2", kernel.job_id):
             os.kill(pid, signal.SIGKILL)
 
     killer = threading.Thread(target=kill)

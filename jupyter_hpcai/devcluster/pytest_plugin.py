@@ -65,6 +65,8 @@ def devcluster() -> Iterator[DevCluster]:
                          "load this plugin in the main process too (tests/conftest.py does), so that its hook starts"
                          " the workers with an /etc/hosts of their own")
     cluster = worker_cluster(number)
+    if number and cluster.running():  # a killed run's: its namespaces and hosts entries went with that run's mounts
+        cluster.down()
     started_here = not cluster.running()
     cluster.up()
     os.environ.update(cluster.variables())
