@@ -353,7 +353,11 @@ class RunningSet:
         self.rested()  # not in the middle of a rest's rendezvous, which the survivors would wait in
         gone = {r.engine_id for r in ranks}
         self.removed |= gone  # they may still look registered for a moment: never taken back (joined)
-        self.connected.shutdown(targets=sorted(gone), block=True)
+        # Not block=True: ipyparallel then waits for each engine's reply without a timeout, and an engine that exits
+        # as it answers can lose it (a shrink waited 5 minutes, under load). Its leaving the controller is the sign.
+        self.connected.shutdown(targets=sorted(gone), block=False)
+        wait_until(lambda: not gone & set(self.connected.ids), timeout=60, what=f"{len(gone)} engine(s) to stop",
+                   hint="the world may be half re-formed: %hpc restart")
         self.reform([r for r in self.ranks if r.engine_id not in gone])
 
     def drop(self, ranks: list[Rank]) -> None:
