@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from helpers import record
+from helpers import machine, record
 from helpers.channel import add_binary, index, make_package
 from helpers.envs import LIB_SOURCE, MODULEFILE, SMALL_RECIPE, shipped_env
 from helpers.kernels import JobLab, lab_in_job
@@ -29,6 +29,13 @@ def bench() -> list[str]:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     record.report(terminalreporter)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """Each test (with the fixtures it sets up and tears down) beside the other process's, or alone (helpers/machine.py)."""
+    with machine.share(alone=item.get_closest_marker("alone") is not None):
+        yield
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -114,6 +114,7 @@ def _cpu_line(mode: str, runs: list[dict[str, float]], wall: float) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # the seconds from the click, not what the run's other process takes of the cores
 def test_start_to_the_first_rank_output_in_the_browser(devcluster, tf_env, tmp_path: Path,  # type: ignore[no-untyped-def]
                                                        bench: list[str]) -> None:
     from playwright.sync_api import sync_playwright

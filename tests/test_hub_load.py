@@ -253,6 +253,7 @@ def _stop_all(hub, users: tuple[str, ...]) -> None:  # type: ignore[no-untyped-d
 
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.alone  # a storm of the whole machine: the other process's timed tests would wait out their limits
 @pytest.mark.timeout(1200)  # two storms of 40 servers on 2 cores; a restart that loses the starting ones doubles one
 def test_forty_users_at_once(devcluster, tmp_path: Path, bench: list[str]) -> None:  # type: ignore[no-untyped-def]
     """40 real users spawn CPU-only servers at once, then all stop: once with each spawner asking Slurm on its own,
