@@ -330,6 +330,7 @@ def bench_rounds():
 """
 
 
+@pytest.mark.alone  # a 1 % throughput target: beside the other process's tests its rounds swung by 2x
 def test_a_world_at_rest_wakes_at_the_next_cell(world: JobKernel, bench: list[str]) -> None:
     """A world at rest (rest.py) runs Horovod with the long cycle and says so in %hpc status; the next cell that
     names Horovod wakes it: the rank's own cycle again (Horovod's 1 ms), the same answers. Printed, not asserted: the first cell's

@@ -199,6 +199,7 @@ def targets(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path
 ROOT_SECRET = "ROOT-ONLY-" + secrets.token_hex(8)
 
 
+@pytest.mark.alone  # how soon the hub answers bob is timed (under 1 s), not the other process's load
 def test_a_failed_jobs_log_is_shown_as_its_user_could_read_it(hub: Hub, bob: str, targets: dict[str, Path]) -> None:
     """Control first: the hub does show the last lines of a log alice may read (so a block below is real)."""
     spawned = _failed_spawn(hub, targets["readable"])

@@ -12,7 +12,6 @@ import os
 import shlex
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,11 +39,9 @@ def worker_cluster(number: int) -> DevCluster:
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's, in the main process
 def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
-    """Start every worker but the first with an /etc/hosts of its own, and an IPython folder of its own (engine
-    sets outside a job are found there)."""
-    for number, spec in enumerate(specs[1:], start=1):
+    """Start every worker but the first with an /etc/hosts of its own."""
+    for spec in specs[1:]:
         spec.python = shlex.join(own_hosts.command([spec.python or sys.executable]))
-        spec.env["IPYTHONDIR"] = str(Path.home() / f".ipython-gw{number}")
 
 _used: list[DevCluster] = []  # the session's cluster, for the summary line
 _lines: list[str] = []  # that line, from the worker that used the cluster (pytest-xdist's -n)
