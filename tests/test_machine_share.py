@@ -51,11 +51,8 @@ def test_an_alone_test_waits_for_the_other_and_holds_off_its_next(tmp_path: Path
         assert not _started(alone, 1.0), "an alone test waits for the test that runs"
     assert _started(alone, 10), "and runs once it ended"
     started = time.monotonic()
-    waiting = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom helpers import machine\n"
-                                "from pathlib import Path\nmachine.MAIN, machine.TURN = Path(sys.argv[1]), Path(sys.argv[2])"
-                                "\nwith machine.share(alone=False): print('running', flush=True)",
-                                str(tmp_path / "main"), str(tmp_path / "turn")],
-                               stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parent)
+    (tmp_path / "next-done").touch()  # the other process's next test: runs, then ends at once
+    waiting = _other(tmp_path, tmp_path / "next-done", "shared")
     assert not _started(waiting, 1.0), "while it runs, the other process starts no test"
     (tmp_path / "alone-done").touch()
     alone.wait(timeout=10)

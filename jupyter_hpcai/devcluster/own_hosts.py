@@ -19,8 +19,6 @@ from pathlib import Path
 HOSTS = Path("/etc/hosts")
 PRIVATE = Path("/run/hpcai-own-hosts")  # an empty folder on the host; a tmpfs inside the namespace
 _BLOCK = re.compile(r"^# hpcai-devcluster .* begin$.*?^# hpcai-devcluster .* end$\n?", re.M | re.S)
-
-
 INSIDE = "--inside"
 MODULE = "jupyter_hpcai.devcluster.own_hosts"
 
@@ -43,8 +41,7 @@ def main(argv: list[str]) -> None:
     if not argv or argv == [INSIDE]:
         sys.exit("usage (as root): python -m jupyter_hpcai.devcluster.own_hosts COMMAND...")
     if argv[0] != INSIDE:
-        os.execvp("unshare", ["unshare", "--mount", "--propagation", "private", sys.executable, "-m", MODULE,
-                              INSIDE, *argv])
+        os.execvp("unshare", ["unshare", "--mount", "--propagation", "private", *command([INSIDE, *argv])])
     argv = argv[1:]
     PRIVATE.mkdir(mode=0o755, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=755", "hpcai-own-hosts", str(PRIVATE)],

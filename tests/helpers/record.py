@@ -22,7 +22,6 @@ STARTED = (time.monotonic(), cpu.machine())  # the run's start, and the machine'
 KEY = "hpcai-record"  # what a worker hands over, in its workeroutput
 
 
-
 def timed(report: pytest.TestReport) -> None:
     """Add one phase of one test to its file's time."""
     path = report.nodeid.split("::")[0]
