@@ -72,9 +72,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """A suite started in the background (``nohup ... &``) inherits SIGINT ignored, and so would every CLI it
-    starts: the Ctrl-C tests need it delivered, so the children get the default disposition back."""
+    starts: the Ctrl-C tests need it delivered, so the children get the default disposition back. The main process
+    samples the machine's busy cores for the run's timeline."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if not hasattr(config, "workerinput"):
+        record.sample_the_machine()
 
 
 @pytest.fixture(scope="session")

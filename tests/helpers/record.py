@@ -6,6 +6,7 @@ ends (``handed``), which adds it to its own (``received``) before the summary.""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,9 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 BENCH: list[str] = []  # benchmark lines (the bench fixture hands it out)
 ATTACKS: list[tuple[str, str, str]] = []  # (attack, "blocked" or "LEAKED", what was observed)
 FILE_SECONDS: dict[str, float] = {}  # each test file's setup, call and teardown time (a session fixture: where first used)
+PHASES: list[tuple[str, str, str, float, float]] = []  # (process, test, phase, start, stop): the run's timeline
 STARTED = (time.monotonic(), cpu.machine())  # the run's start, and the machine's CPU seconds then
+BUSY: list[tuple[float, float]] = []  # (time, the machine's busy cores over the 5 s before it), in the main process
 KEY = "hpcai-record"  # what a worker hands over, in its workeroutput
 
 
@@ -26,6 +29,8 @@ def timed(report: pytest.TestReport) -> None:
     """Add one phase of one test to its file's time."""
     path = report.nodeid.split("::")[0]
     FILE_SECONDS[path] = FILE_SECONDS.get(path, 0.0) + report.duration
+    worker = getattr(getattr(report, "node", None), "gateway", None)  # pytest-xdist's, in the main process
+    PHASES.append((worker.id if worker else "main", report.nodeid, report.when, report.start, report.stop))
 
 
 def handed(config: pytest.Config) -> None:
@@ -39,6 +44,43 @@ def received(workeroutput: dict[str, Any]) -> None:
     got = workeroutput.get(KEY, {})
     BENCH.extend(got.get("bench", []))
     ATTACKS.extend(tuple(row) for row in got.get("attacks", []))  # type: ignore[misc]
+
+
+def sample_the_machine() -> None:
+    """In the main process: how many of the machine's cores are busy, every 5 s, for the timeline (a daemon thread)."""
+    def sample() -> None:
+        then = cpu.machine()
+        while True:
+            time.sleep(5)
+            now = cpu.machine()
+            BUSY.append((time.time(), cpu.CORES * (now[0] - then[0]) / max(now[1] - then[1], 1e-9)))
+            then = now
+
+    threading.Thread(target=sample, name="hpcai-busy", daemon=True).start()
+
+
+def timeline(wall: float) -> list[str]:
+    """Write every test phase's process, start and end (seconds from the run's start) to test-artifacts/timeline.tsv;
+    return a line per process: its time in tests, and between them (waiting for an alone test, or its last file
+    done before the run's end)."""
+    if not PHASES:
+        return []
+    zero = time.time() - wall
+    rows = sorted(PHASES, key=lambda row: row[3])
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "timeline.tsv").write_text("process\tstart s\tend s\tphase\ttest\n" + "".join(
+        f"{who}\t{start - zero:.1f}\t{stop - zero:.1f}\t{when}\t{test}\n" for who, test, when, start, stop in rows))
+    (ARTIFACTS / "busy.tsv").write_text("time s\tbusy cores\n" + "".join(f"{at - zero:.0f}\t{cores:.2f}\n"
+                                                                          for at, cores in BUSY))
+    lines = []
+    for who in sorted({row[0] for row in rows}):
+        mine = [row for row in rows if row[0] == who]
+        busy = sum(stop - start for *_, start, stop in mine)
+        first, last = mine[0][3] - zero, max(row[4] for row in mine) - zero
+        lines.append(f"  {who}: {busy / 60:.1f} min in tests from {first / 60:.1f} to {last / 60:.1f} min, "
+                     f"{(last - first - busy) / 60:.1f} min between them")
+    lines.append("  (every test phase in test-artifacts/timeline.tsv, the busy cores every 5 s in busy.tsv)")
+    return lines
 
 
 def attack(name: str, blocked: bool, observed: str) -> None:
@@ -77,6 +119,8 @@ def report(terminalreporter: pytest.TerminalReporter) -> None:
                                  "the slowest 20 files")
         for path, seconds in sorted(FILE_SECONDS.items(), key=lambda item: -item[1])[:20]:
             terminalreporter.write_line(f"{seconds:7.1f} s  {100 * seconds / total:4.1f} %  {path}")
+        for line in timeline(wall):
+            terminalreporter.write_line(line)
     if BENCH:
         terminalreporter.section(f"benchmarks (ratios against a baseline measured in the same run): {made}")
         for line in BENCH:
