@@ -244,7 +244,7 @@ class Engines:
         self.await_background()
         if self.set is not None:
             raise HPCAIError("this kernel has engines already", "use them, or %hpc stop them first")
-        self.set = found = RunningSet.attach(self.job, cluster_id, timeout)
+        self.set = found = RunningSet.attach(self.allocation, self.job, cluster_id, timeout)
         self.layout, self.warm, self.telemetry_interval = found.layout, found.warm, found.telemetry_interval
         self._set_state("running")
         return self.ranks

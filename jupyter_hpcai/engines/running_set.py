@@ -131,7 +131,7 @@ class RunningSet:
     layout: Layout
     warm: str | None  # initialised by the ranks as they booted
     telemetry_interval: float
-    listens: str = ""  # the controller's address
+    listens: str = ""  # this kernel's address toward the nodes: a started set's controller, a world's rendezvous
     connection_file: Path | None = None  # the file the ranks read the controller's address from
     ranks: list[Rank] = field(default_factory=list)
     versions: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -227,9 +227,10 @@ class RunningSet:
         return self.client
 
     @classmethod
-    def attach(cls, job: str, cluster_id: str | None, timeout: float) -> RunningSet:
+    def attach(cls, allocation: Allocation | None, job: str, cluster_id: str | None, timeout: float) -> RunningSet:
         """A set running in this job already (an earlier kernel's, or another notebook's), with everything
-        defined on the ranks: ``cluster_id``, else the only set no kernel uses, else the only set."""
+        defined on the ranks: ``cluster_id``, else the only set no kernel uses, else the only set. This kernel
+        serves the rendezvous of the worlds it re-forms (a rest, a wake, a grow) at its own address."""
         found = listing.attachable(job, cluster_id)
         cluster = found.cluster()
         try:
@@ -250,7 +251,7 @@ class RunningSet:
             client.close()
             raise
         self = cls(cluster, client, found.folder, Layout(**found.table["layout"]), found.table.get("warm"),
-                   found.table.get("telemetry_interval", telemetry.DEFAULT_INTERVAL))
+                   found.table.get("telemetry_interval", telemetry.DEFAULT_INTERVAL), controller_ip(allocation))
         _, frameworks = self._read_ranks()
         # initialised on every rank (and kept at rest, or not, alike)
         self.framework, self.resting = frameworks.pop() if len(frameworks) == 1 else (None, None)
