@@ -105,9 +105,9 @@ _ROWS = [
              "host paths the Slurm client needs in a container, colon-separated (default: found beside SLURM_CONF)"),
     Variable("HPCAI_CONTROLLER_IP", ("admin", "user", "tests"), ("kernel",),
              "where the ipyparallel controller listens (default: route to the first node, else loopback)"),
-    Variable("HPCAI_REST_AFTER", ("admin", "user", "tests"), ("kernel",),
+    Variable("HPCAI_REST_AFTER", ("admin", "user", "tests"), ("kernel", "job"),
              "seconds without a cell after which idle engines rest (Horovod over Gloo: a 50 ms cycle until the next "
-             "cell; default 30, 0: never)"),
+             "cell; default 30, 0: never); engines started with the job rest once ready, unless 0"),
     Variable("HPCAI_OWN_JOB_GRACE", ("user", "tests"), ("kernel",),
              "seconds a kernel's own job outlives its last keepalive, 4 to 3600 (default 120)"),
     Variable("HPCAI_HOROVOD_CONTROLLER", ("admin", "user"), ("kernel",),

@@ -3,6 +3,7 @@ kernel in a 2-node job finds its engines running without %hpc start, and with th
 
 from __future__ import annotations
 
+import ast
 import datetime as dt
 import statistics
 import time
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.kernels import kernel_in_job
+from helpers.kernels import JobKernel, kernel_in_job
 from jupyter_hpcai.allocation import Allocation
 from jupyter_hpcai.engines import Engines, listing, warm
 from jupyter_hpcai.spawner import script
@@ -110,3 +111,42 @@ def test_engines_start_in_the_background_and_not_when_the_setting_is_off(devclus
                  f"as soon as the kernel answers; medians of 2, alternating): started with the job {median['job']:.1f} s, "
                  f"by the kernel {median['kernel']:.1f} s, off {median['off']:.1f} s; with the job / off "
                  f"{median['job'] / median['off']:.2f}, by the kernel / off {median['kernel'] / median['off']:.2f}")
+
+
+
+HOROVOD_CELL = "%%horovod_run --output collapse\nprint('rank', rank, 'sum', int(hvd.allreduce(tf.constant(1), op=hvd.Sum)))"
+WORLD = ("w = E.current().running_set(); import time; time.sleep(5)\n"  # the engines taken, then 2 samples of 2 s
+         "(w.resting, [round(s.cpu, 1) for s in E.current().samples()])")
+
+
+def _runs_on_four(kernel: JobKernel) -> None:
+    cell = kernel.run(HOROVOD_CELL)
+    assert cell.status == "ok" and all(f"rank {r} sum 4" in cell.stdout for r in range(4)), (cell.error, cell.stdout)
+    assert kernel.run("print(E.current().running_set().resting)").stdout.strip() == "None"  # awake for the cells
+
+
+@pytest.mark.slow
+def test_engines_started_with_the_job_wait_at_rest_and_the_kernel_that_took_them_reforms_them(  # type: ignore[no-untyped-def]
+        devcluster, tf_env, tmp_path: Path) -> None:
+    """Horovod over Gloo in 2 x 2 jobs, the engines started by the job. By default they wait at rest before any cell
+    (each rank under the 5 % target while nobody used them yet) and the first cell wakes them. With
+    HPCAI_REST_AFTER=0 they wait awake; the world then rests in the kernel that took them, and wakes at the next cell:
+    that kernel serves the rendezvous of the world it re-forms (it sent the ranks an empty address, and they died)."""
+    starter = f"{tf_env.current_link}/bin/python -m jupyter_hpcai.engines.warm --in-env"
+    for mode, after in (("rest", {}), ("never", {"HPCAI_REST_AFTER": "0"})):
+        work = tmp_path / mode
+        with kernel_in_job(tf_env, work, environ={**_job_env(work, "1"), **after}, beside=starter) as kernel:
+            kernel.run("%load_ext jupyter_hpcai")
+            resting, cpu = ast.literal_eval(kernel.run(f"import jupyter_hpcai.engines as E\n{WORLD}").result)
+            assert len(cpu) == 4, cpu
+            if mode == "rest":
+                assert resting == "horovod" and all(c < 5 for c in cpu), (resting, cpu)  # the target: 5 % of a core
+                assert "horovod is at rest" in kernel.run("%hpc status").stdout
+                _runs_on_four(kernel)
+            else:
+                assert resting is None, resting
+                _runs_on_four(kernel)
+                kernel.run("E.current().rest.after = 1; E.current().rest.used(); time.sleep(4)")  # 30 s by default
+                assert kernel.run("print(E.current().running_set().resting)").stdout.strip() == "horovod"
+                _runs_on_four(kernel)
+        assert "engines started with the job (horovod)" in (work / "job.out").read_text()

@@ -6,8 +6,9 @@ Two processes of the job take part, agreeing through files made exclusively in t
 
 - the job script runs ``python -m jupyter_hpcai.engines.warm`` beside the server: it claims ``engines-started``
   (its pid in it), starts one engine per GPU in the env of the job's kernel, waits until the env's framework is
-  initialised on each (the world's rendezvous lives in this process until then), writes the set's id to
-  ``engines-ready`` and leaves the engines running; if it fails, it stops what it started and drops its claim;
+  initialised on each (the world's rendezvous lives in this process until then) and then at rest (rest.py: no
+  cell may come for minutes; the first cell wakes it), writes the set's id to ``engines-ready`` and leaves the
+  engines running; if it fails, it stops what it started and drops its claim;
 - the provisioner loads the extension with each kernel; the first kernel to claim ``engines-taken`` uses them:
   it attaches to the set ``engines-ready`` names, or, if nothing claimed ``engines-started`` yet (a job without
   that script line), starts them itself. Either way in a thread: the kernel answers meanwhile, and cells wait.
@@ -99,6 +100,7 @@ def start_with_job() -> None:
         ranks = engines.start(framework="auto")
         if engines.warm:  # ready on every rank before this process, which holds its rendezvous (Horovod's), ends
             engines.run("None", framework=engines.warm, output="rank0", write=lambda _: None)
+            _rest(engines)
         (folder / f".{READY}").write_text(engines.running_set().cluster.cluster_id)
         os.replace(folder / f".{READY}", folder / READY)
     except BaseException as err:
@@ -109,6 +111,15 @@ def start_with_job() -> None:
         raise SystemExit(1) from None
     print(f"hpcai: {len(ranks)} engines started with the job ({engines.warm or 'no framework'}), "
           "for its first kernel", flush=True)
+
+
+def _rest(engines: Engines) -> None:
+    """Until the first kernel's first cell the world is idle: at rest, if its framework has a form that costs less
+    (Horovod over Gloo: awake, its 1 ms cycle took 20-30 % of a core per rank while the server, JupyterLab and the
+    kernel started beside it), unless idle worlds never rest here (HPCAI_REST_AFTER=0)."""
+    world = engines.running_set()
+    if engines.rest.after > 0 and world.rest():
+        world.rested()
 
 
 if __name__ == "__main__":
