@@ -1,5 +1,6 @@
-"""When idle worlds rest (engines/rest.py), without a cluster: the thread's timing and its respect for cells. The
-world here is a stand-in that counts rests; tests/test_engines.py rests and wakes a real Horovod world."""
+"""When idle worlds rest (engines/rest.py), without a cluster: the thread's timing and its respect for cells, and
+what a rank says after a rest that failed. The world here is a stand-in that counts rests; tests/test_engines.py and
+tests/test_warm_start.py rest and wake a real Horovod world."""
 
 from __future__ import annotations
 
@@ -83,3 +84,25 @@ def test_horovod_switches_read_as_horovod_reads_them(monkeypatch: pytest.MonkeyP
         assert _horovod_flag("HOROVOD_AUTOTUNE") is on, value
     monkeypatch.delenv("HOROVOD_AUTOTUNE")
     assert not _horovod_flag("HOROVOD_AUTOTUNE")
+
+
+def test_a_rank_whose_rest_failed_says_nothing_is_initialised() -> None:
+    """A rest or wake shuts the framework down, then initialises it again: when that fails, the rank reports no
+    framework (a kernel that attaches later then initialises it in full instead of running on a shut-down one)."""
+    from jupyter_hpcai.ranks import calls
+    from jupyter_hpcai.ranks.frameworks import Framework
+
+    def init(params: dict) -> tuple[dict, dict]:  # type: ignore[type-arg]
+        if params.get("fail"):
+            raise RuntimeError("HTTP request failed.")
+        return {}, {"rank": 0}
+
+    fake = Framework("fake", (), (), init, max, lambda value: value)
+    calls.init_framework(fake, {})
+    assert calls.rank_info()["framework"] == "fake"
+    with pytest.raises(RuntimeError):
+        calls.init_framework(fake, {"resting": True, "fail": True}, again=True)
+    info = calls.rank_info()
+    assert info["framework"] is None and info["resting"] is None, info
+    assert calls.init_framework(fake, {})["initialised"] is True  # the next cell initialises it again
+    calls.forget_framework()

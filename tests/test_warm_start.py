@@ -147,6 +147,8 @@ def test_engines_started_with_the_job_wait_at_rest_and_the_kernel_that_took_them
                 assert resting is None, resting
                 _runs_on_four(kernel)
                 kernel.run("E.current().rest.after = 1; E.current().rest.used(); time.sleep(4)")  # 30 s by default
-                assert kernel.run("print(E.current().running_set().resting)").stdout.strip() == "horovod"
+                said = kernel.run("from jupyter_hpcai.ranks import calls\nw = E.current().running_set()\n"
+                                  "w.rested(), sorted({i['resting'] for i in w.view().apply_sync(calls.rank_info, [])})")
+                assert said.result == "(True, ['horovod'])", said  # as the ranks themselves say
                 _runs_on_four(kernel)
         assert "engines started with the job (horovod)" in (work / "job.out").read_text()

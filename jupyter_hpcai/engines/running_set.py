@@ -232,6 +232,7 @@ class RunningSet:
         defined on the ranks: ``cluster_id``, else the only set no kernel uses, else the only set. This kernel
         serves the rendezvous of the worlds it re-forms (a rest, a wake, a grow) at its own address."""
         found = listing.attachable(job, cluster_id)
+        listens = controller_ip(allocation)
         cluster = found.cluster()
         try:
             client = cluster.connect_client_sync(timeout=timeout)
@@ -251,7 +252,7 @@ class RunningSet:
             client.close()
             raise
         self = cls(cluster, client, found.folder, Layout(**found.table["layout"]), found.table.get("warm"),
-                   found.table.get("telemetry_interval", telemetry.DEFAULT_INTERVAL), controller_ip(allocation))
+                   found.table.get("telemetry_interval", telemetry.DEFAULT_INTERVAL), listens)
         _, frameworks = self._read_ranks()
         # initialised on every rank (and kept at rest, or not, alike)
         self.framework, self.resting = frameworks.pop() if len(frameworks) == 1 else (None, None)
@@ -432,13 +433,13 @@ class RunningSet:
         table = listing.read_rank_table(self.folder)
         return table is not None and set(listing.live_owners(table)) - {os.getpid()} != set()
 
-    def rested(self, timeout: float = 60) -> None:
+    def rested(self, timeout: float = 60) -> bool:
         """Wait until the ranks are at rest, before a cell wakes them (waking resets the rendezvous that resting
-        uses) or the world re-forms. A rest that failed stays marked: the wake initialises the framework again
-        in full."""
+        uses) or the world re-forms; whether the rest worked. A rest that failed stays marked: the wake initialises
+        the framework again in full."""
         request = self.rest_request
         if request is None:
-            return
+            return True
         if not request.wait(timeout):
             raise HPCAIError(f"the engines are still busy with an earlier request after {timeout:g} s (the idle "
                              "world's rest waits behind it)", "wait for it to end (a %%px --noblock job?), or "
@@ -447,6 +448,7 @@ class RunningSet:
         if not request.successful():
             print(f"hpcai: the idle world could not rest ({request.exception()}); the next cell that uses "
                   f"{self.resting} initialises it again", file=sys.__stderr__, flush=True)
+        return bool(request.successful())
 
     # --- what the ranks are doing -------------------------------------------------------------------------
     def status(self) -> list[Rank]:

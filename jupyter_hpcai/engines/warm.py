@@ -62,10 +62,12 @@ def _ready_set(timeout: float = 300) -> str:
         if (folder / READY).exists():
             return (folder / READY).read_text().strip()
         try:
-            pid = int((folder / STARTED).read_text() or 0)
+            pid = int((folder / STARTED).read_text() or 0)  # empty until the starter writes its pid in its claim
+        except FileNotFoundError:
+            pid = -1  # the claim dropped: the start failed
         except (OSError, ValueError):
             pid = 0
-        if pid and not process_alive(pid):
+        if pid < 0 or pid and not process_alive(pid):
             raise HPCAIError("the engines that start with the job failed (the job's log says why)")
         return None
 
@@ -118,8 +120,8 @@ def _rest(engines: Engines) -> None:
     (Horovod over Gloo: awake, its 1 ms cycle took 20-30 % of a core per rank while the server, JupyterLab and the
     kernel started beside it), unless idle worlds never rest here (HPCAI_REST_AFTER=0)."""
     world = engines.running_set()
-    if engines.rest.after > 0 and world.rest():
-        world.rested()
+    if engines.rest.after > 0 and world.rest() and not world.rested():
+        raise HPCAIError(f"{world.resting} could not rest on every rank (the job's log says why)")
 
 
 if __name__ == "__main__":

@@ -135,7 +135,11 @@ def init_framework(framework: Framework, params: dict[str, Any], again: bool = F
     booting = _booting.pop(framework.name, None)
     handles = _booted(framework.name, booting) if booting is not None else None
     _boot_threads.pop(framework.name, None)
-    names, info = handles if handles is not None and not again else framework.init(params)
+    try:
+        names, info = handles if handles is not None and not again else framework.init(params)
+    except BaseException:
+        forget_framework()  # not initialised now (shut down for a rest or wake that failed): said so to who asks
+        raise
     ns.update(names)
     ns["_hpcai_framework"], ns["_hpcai_framework_info"] = framework.name, info
     _initialised = framework
