@@ -1,5 +1,6 @@
 """Engines that start in the background (the profile's start_engines): the job script asks for it, the
-kernel in a 2-node job finds its engines running without %hpc start, and with the setting off nothing starts."""
+kernel in a 2-node job finds its engines running without %hpc start, and with the setting off nothing starts;
+Horovod engines started with the job wait at rest until the first cell, and the kernel that took them re-forms them."""
 
 from __future__ import annotations
 
