@@ -117,7 +117,7 @@ def start_with_job() -> None:
 
 def _rest(engines: Engines) -> None:
     """Until the first kernel's first cell the world is idle: at rest, if its framework has a form that costs less
-    (Horovod over Gloo: awake, its 1 ms cycle took 20-30 % of a core per rank while the server, JupyterLab and the
+    (Horovod over Gloo: awake, its 1 ms cycle took 7-18 % of a core per rank while the server, JupyterLab and the
     kernel started beside it), unless idle worlds never rest here (HPCAI_REST_AFTER=0)."""
     world = engines.running_set()
     if engines.rest.after > 0 and world.rest() and not world.rested():
