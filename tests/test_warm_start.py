@@ -15,6 +15,7 @@ import pytest
 from helpers.kernels import JobKernel, kernel_in_job
 from jupyter_hpcai.allocation import Allocation
 from jupyter_hpcai.engines import Engines, listing, warm
+from jupyter_hpcai.envs import EnvDir
 from jupyter_hpcai.spawner import script
 from jupyter_hpcai.spawner.options import Profile, SpawnOptions
 
@@ -72,6 +73,11 @@ def _job_env(tmp_path: Path, setting: str) -> dict[str, str]:
     return {"HPCAI_START_ENGINES": setting, "HPCAI_JOB_STATE": str(state)}
 
 
+def _starter(env: EnvDir) -> str:
+    """The job script's starter line, run in ``env`` (the hub's script finds that python itself)."""
+    return f"{env.current_link}/bin/python -m jupyter_hpcai.engines.warm --in-env"
+
+
 FIRST_CELL = "%%torchrun --output collapse\nprint('rank', rank, 'of', world_size, dist.is_initialized())"
 
 
@@ -83,7 +89,7 @@ def test_engines_start_in_the_background_and_not_when_the_setting_is_off(devclus
     does, and taken by the kernel. The same first cells, timed from the job's submission to the first rank's
     output. On: the extension came with the kernel, the engines run without %hpc start, a plain %hpc start uses
     them; off: nothing loaded, nothing started."""
-    starter = f"{torch_env.current_link}/bin/python -m jupyter_hpcai.engines.warm --in-env"
+    starter = _starter(torch_env)
     took: dict[str, list[float]] = {"off": [], "kernel": [], "job": []}
     for i, mode in enumerate(("off", "kernel", "job", "job", "kernel", "off")):
         work = tmp_path / str(i)
@@ -114,7 +120,6 @@ def test_engines_start_in_the_background_and_not_when_the_setting_is_off(devclus
                  f"{median['job'] / median['off']:.2f}, by the kernel / off {median['kernel'] / median['off']:.2f}")
 
 
-
 HOROVOD_CELL = "%%horovod_run --output collapse\nprint('rank', rank, 'sum', int(hvd.allreduce(tf.constant(1), op=hvd.Sum)))"
 WORLD = ("w = E.current().running_set(); import time; time.sleep(5)\n"  # the engines taken, then 2 samples of 2 s
          "(w.resting, [round(s.cpu, 1) for s in E.current().samples()])")
@@ -133,7 +138,7 @@ def test_engines_started_with_the_job_wait_at_rest_and_the_kernel_that_took_them
     (each rank under the 5 % target while nobody used them yet) and the first cell wakes them. With
     HPCAI_REST_AFTER=0 they wait awake; the world then rests in the kernel that took them, and wakes at the next cell:
     that kernel serves the rendezvous of the world it re-forms (it sent the ranks an empty address, and they died)."""
-    starter = f"{tf_env.current_link}/bin/python -m jupyter_hpcai.engines.warm --in-env"
+    starter = _starter(tf_env)
     for mode, after in (("rest", {}), ("never", {"HPCAI_REST_AFTER": "0"})):
         work = tmp_path / mode
         with kernel_in_job(tf_env, work, environ={**_job_env(work, "1"), **after}, beside=starter) as kernel:
