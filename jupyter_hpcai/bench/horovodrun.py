@@ -18,6 +18,8 @@ import runpy
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 TRANSPORTS = ("mpi", "gloo")
@@ -38,10 +40,11 @@ def _step_hosts(srun: list[str], env: dict[str, str]) -> list[str]:
     return sorted(out.split())
 
 
-def launch(nodes: int, ranks: int, transport: str, module: str, args: list[str],
-           env: dict[str, str] | None = None, **run: Any) -> subprocess.CompletedProcess[str]:
-    """Run ``module`` with ``args`` on ``ranks`` ranks over ``nodes`` nodes; for Gloo, serve Horovod's rendezvous
-    from here for as long as they run. ``run`` goes to subprocess.run (capture_output, timeout, ...)."""
+@contextmanager
+def prepared(nodes: int, ranks: int, transport: str, module: str, args: list[str],
+             env: dict[str, str] | None = None, per_node: int | None = None) -> Iterator[tuple[list[str], dict[str, str]]]:
+    """The srun command and its environment that run ``module`` with ``args`` on ``ranks`` ranks over ``nodes``
+    nodes (``per_node`` on each, if given); for Gloo, Horovod's rendezvous is served from here while the block runs."""
     from .. import network, slurm
 
     if transport not in TRANSPORTS:
@@ -50,7 +53,7 @@ def launch(nodes: int, ranks: int, transport: str, module: str, args: list[str],
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {}),
            network.NODE_ADDRS: network.encode_addresses(addresses)}
     srun = ["srun", "--mpi=pmix", "--overlap", f"--nodes={nodes}", f"--ntasks={ranks}", "--distribution=block",
-            "--time=00:10:00"]
+            *([f"--ntasks-per-node={per_node}"] if per_node else [])]
     server = None
     if transport == "gloo":
         from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
@@ -66,13 +69,19 @@ def launch(nodes: int, ranks: int, transport: str, module: str, args: list[str],
         srun += [f"--nodelist={','.join(dict.fromkeys(hostnames))}"]
     else:
         env.update(HOROVOD_CONTROLLER="mpi", HOROVOD_CPU_OPERATIONS="mpi")
-    run.setdefault("timeout", 600)
     try:
-        return subprocess.run([*srun, sys.executable, "-m", __spec__.name, _RANK_FLAG, module, *args], env=env,
-                              text=True, **run)
+        yield [*srun, sys.executable, "-m", __spec__.name, _RANK_FLAG, module, *args], env
     finally:
         if server:
             server.stop()
+
+
+def launch(nodes: int, ranks: int, transport: str, module: str, args: list[str],
+           env: dict[str, str] | None = None, **run: Any) -> subprocess.CompletedProcess[str]:
+    """Run ``module`` on the ranks (see ``prepared``) and wait for them; ``run`` goes to subprocess.run."""
+    run.setdefault("timeout", 600)
+    with prepared(nodes, ranks, transport, module, args, env) as (argv, full_env):
+        return subprocess.run(argv, env=full_env, text=True, **run)
 
 
 def _as_rank(module: str, args: list[str]) -> None:

@@ -12,13 +12,17 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from ..allocation import Allocation
-from ..engines import Engines, plan
+from ..engines import Engines, Layout, plan
 from ..errors import HPCAIError
 from ..proc import run
+from ..ranks.frameworks import horovod_controller
+from . import horovodrun
 from .stamp import stamp
 
 
@@ -44,26 +48,38 @@ def _parse(output: str) -> dict[str, Any]:
     return json.loads(match.group(1))
 
 
-# framework -> (training module, how plain srun launches it, the magic's framework and its mode label)
+# framework -> (training module, the magic's framework and its mode label)
 FRAMEWORKS = {
-    "horovod": ("jupyter_hpcai.bench.resnet50_train", "--mpi=pmix", "horovod", "horovod_run"),
-    "torch": ("jupyter_hpcai.bench.resnet50_torch", "--mpi=none", "torch", "torchrun"),
+    "horovod": ("jupyter_hpcai.bench.resnet50_train", "horovod", "horovod_run"),
+    "torch": ("jupyter_hpcai.bench.resnet50_torch", "torch", "torchrun"),
 }
+
+
+@contextmanager
+def _plain(framework: str, module: str, layout: Layout, args: list[str]) -> Iterator[tuple[list[str], dict[str, str]]]:
+    """The plain srun command and environment for ``module``: Horovod started as horovodrun would start it, over
+    the controller the engines use (so that the ratio compares launchers, not transports); torch as it starts."""
+    threads = {"TF_NUM_INTRAOP_THREADS": os.environ.get("TF_NUM_INTRAOP_THREADS", "1"),
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    if framework == "horovod":
+        with horovodrun.prepared(layout.nodes, layout.n, horovod_controller(), module, args, env=threads,
+                                 per_node=layout.per_node) as prepared:
+            yield prepared
+        return
+    yield ["srun", "--mpi=none", "--overlap", f"-n{layout.n}", f"--nodes={layout.nodes}",
+           f"--ntasks-per-node={layout.per_node}", sys.executable, "-m", module, *args], {**os.environ, **threads}
 
 
 def measure(allocation: Allocation, counts: list[int], train_args: list[str], framework: str = "horovod",
             out: Any = print) -> list[dict[str, Any]]:
     """For each rank count: plain srun first (no engines alive), then the same script through the engines."""
-    module, mpi, backend, label = FRAMEWORKS[framework]
+    module, backend, label = FRAMEWORKS[framework]
     rows = []
     for n in counts:
         layout = plan(allocation, n=n)
-        srun = ["srun", mpi, "--overlap", f"-n{n}", f"--nodes={layout.nodes}", f"--ntasks-per-node={layout.per_node}",
-                sys.executable, "-m", module]
-        env = {**os.environ, "TF_NUM_INTRAOP_THREADS": os.environ.get("TF_NUM_INTRAOP_THREADS", "1"),
-               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         start = time.monotonic()
-        plain = _parse(run([*srun, *train_args], env=env, timeout=3600).stdout)
+        with _plain(framework, module, layout, train_args) as (argv, env):
+            plain = _parse(run(argv, env=env, timeout=3600).stdout)
         out(f"{n} ranks, srun: {plain['images_per_sec']:.2f} img/s ({time.monotonic() - start:.0f} s)")
         engines = Engines(allocation)
         try:
