@@ -31,11 +31,15 @@ while [ ! -e "$1" ]; do sleep 0.1; done
 
 
 def test_nodes_idle_with_four_gpus(devcluster: DevCluster) -> None:
-    out = subprocess.run(["sinfo", "--noheader", "--Node", "--format=%N %T %G %P"], capture_output=True, text=True,
-                         check=True, timeout=30).stdout
-    rows = {tuple(line.split()) for line in out.splitlines()}
-    assert {(n, "idle", "gpu:4") for n in ("n1", "n2")} == {r[:3] for r in rows}
-    assert {r[3].rstrip("*") for r in rows} == {"gpu", "debug", "cpu"}
+    def rows() -> set[tuple[str, ...]]:
+        out = subprocess.run(["sinfo", "--noheader", "--Node", "--format=%N %T %G %P"], capture_output=True,
+                             text=True, check=True, timeout=30).stdout
+        return {tuple(line.split()) for line in out.splitlines()}
+
+    idle = {(n, "idle", "gpu:4") for n in ("n1", "n2")}
+    # an earlier test's job may still be completing on a node
+    wait_until(lambda: {r[:3] for r in rows()} == idle, timeout=60, what=f"sinfo to show {sorted(idle)}")
+    assert {r[3].rstrip("*") for r in rows()} == {"gpu", "debug", "cpu"}
     assert {(n.name, n.gpus) for n in slurm.nodes()} == {("n1", 4), ("n2", 4)}
 
 
