@@ -193,9 +193,10 @@ def report(found: dict[str, Any], breakdown: bool = False) -> str:
     rows = [("kernel start-to-ready: provisioner / plain ipykernel", found["kernel_provisioned_s"], found["kernel_plain_s"]),
             (f"empty-cell dispatch on {n} engines: %%horovod_run / %%px --block "
              f"({len(found['dispatch_samples']['ours'])} alternating)", found["dispatch_s"], found["px_s"]),
-            (f"{n} Horovod-ready engines: ours (%hpc start + first %%horovod_run) / bare srun hvd.init() "
+            (f"{n} Horovod-ready engines: ours (%hpc start + first %%horovod_run) / bare srun hvd.init() over MPI "
              f"({times} alternating)", found["engines_ready_s"], found["raw_srun_hvd_init_s"]),
-            (f"{n} Horovod-ready engines: ipyparallel's MPI launcher via srun + hvd.init() / bare srun hvd.init()",
+            (f"{n} Horovod-ready engines: ipyparallel's MPI launcher via srun + hvd.init() / "
+             "bare srun hvd.init() over MPI",
              found["ipyparallel_mpi_s"], found["raw_srun_hvd_init_s"])]
     lines = ["| layer | ours (s) | baseline (s) | ratio |", "|---|---|---|---|"]
     lines += [f"| {name} | {ours:.3f} | {base:.3f} | {ours / base:.2f} |" for name, ours, base in rows]

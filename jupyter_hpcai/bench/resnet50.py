@@ -12,8 +12,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -55,19 +54,18 @@ FRAMEWORKS = {
 }
 
 
-@contextmanager
-def _plain(framework: str, module: str, layout: Layout, args: list[str]) -> Iterator[tuple[list[str], dict[str, str]]]:
+def _plain(framework: str, module: str, layout: Layout,
+           args: list[str]) -> AbstractContextManager[tuple[list[str], dict[str, str]]]:
     """The plain srun command and environment for ``module``: Horovod started as horovodrun would start it, over
     the controller the engines use (so that the ratio compares launchers, not transports); torch as it starts."""
     threads = {"TF_NUM_INTRAOP_THREADS": os.environ.get("TF_NUM_INTRAOP_THREADS", "1"),
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if framework == "horovod":
-        with horovodrun.prepared(layout.nodes, layout.n, horovod_controller(), module, args, env=threads,
-                                 per_node=layout.per_node) as prepared:
-            yield prepared
-        return
-    yield ["srun", "--mpi=none", "--overlap", f"-n{layout.n}", f"--nodes={layout.nodes}",
-           f"--ntasks-per-node={layout.per_node}", sys.executable, "-m", module, *args], {**os.environ, **threads}
+        return horovodrun.prepared(layout.nodes, layout.n, horovod_controller(), module, args, env=threads,
+                                   per_node=layout.per_node)
+    return nullcontext((["srun", "--mpi=none", "--overlap", f"-n{layout.n}", f"--nodes={layout.nodes}",
+                         f"--ntasks-per-node={layout.per_node}", sys.executable, "-m", module, *args],
+                        {**os.environ, **threads}))
 
 
 def measure(allocation: Allocation, counts: list[int], train_args: list[str], framework: str = "horovod",

@@ -141,14 +141,14 @@ def horovod_rendezvous(world: World, hosts: Sequence[str], addresses: Iterable[s
 
     server = world.services.get("horovod")
     if server is None:
-        server = world.services["horovod"] = _rendezvous_server(world.listens)
+        server = world.services["horovod"] = rendezvous_server(world.listens)
         threading.Thread(target=server.serve_forever, name="hpcai-horovod-rendezvous", daemon=True).start()
     server.allowed = {world.listens, LOOPBACK, *addresses}
     server.init([SlotInfo(**slot) for slot in horovod_slots(hosts)])
     return world.listens, int(server.server_address[1])
 
 
-def _rendezvous_server(listens: str) -> Any:
+def rendezvous_server(listens: str) -> Any:
     """Horovod's rendezvous server, answering only addresses in its ``allowed``, each PUT at most
     MAX_RENDEZVOUS_VALUE bytes, never holding up its own shutdown (daemon request threads)."""
     from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
