@@ -59,6 +59,9 @@ _ROWS = [
              "addr:port of the Horovod (Gloo) rendezvous the kernel holds for the world; empty: Horovod over MPI"),
     Variable("HPCAI_HOROVOD_RANKS_PER_NODE", ("kernel",), ("rank",),
              "ranks on each node of the launch, in rank order ('2,2'): each rank's Horovod slot follows from it"),
+    Variable("HPCAI_HOROVODRUN_HOSTS", ("bench",), ("rank",),
+             "a Gloo baseline's ranks' nodes, in rank order ('n1,n1,n2'), for each rank's Horovod slot "
+             "(bench/horovodrun.py)"),
     Variable("HPCAI_CONTAINER", ("server", "rank", "cli"), ("kernel",),
              "JSON ContainerLaunch of a container env's kernel: how ranks run in the same container; unset: none"),
     # the exported batch job (export.py): its script exports them to its ranks (ranks/batch.py)

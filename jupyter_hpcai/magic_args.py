@@ -84,8 +84,9 @@ def hpc_parser() -> _Parser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     start = sub.add_parser("start", help="start engines (default: one per GPU on every node of the job)")
     start.add_argument("-n", type=_positive, help="number of engines")
-    start.add_argument("--nodes", type=_positive)
-    start.add_argument("--gpus-per-node", type=_positive)
+    start.add_argument("--nodes", type=_positive, help="over this many of the job's nodes (default: -n spread over "
+                       "them, srun filling each but the last)")
+    start.add_argument("--gpus-per-node", type=_positive, help="ranks on each node (default: -n spread evenly)")
     start.add_argument("--launcher", choices=list(LAUNCHERS))
     start.add_argument("--framework", choices=[*FRAMEWORKS, "auto", "none"], default="auto",
                        help="initialised by every rank as it starts (auto: the env's, Horovod first)")

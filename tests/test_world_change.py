@@ -182,3 +182,23 @@ def test_shrinking_ranks_leaves_a_waiting_grown_job_alone(monkeypatch: pytest.Mo
     assert cancelled == [] and "9" in w.grown and "3 ranks now" in said
     said, _ = membership.shrink(w, None, nodes=1, ranks=None, node=None)  # type: ignore[arg-type]
     assert cancelled == ["9"] and said == "cancelled Slurm job 9 (still waiting); 3 ranks now"
+
+
+@pytest.mark.parametrize(("n", "nodes", "layout"), [
+    (None, None, (6, 3, 2)), (4, None, (4, 2, 2)), (5, None, (5, 3, 2)), (3, None, (3, 3, 1)), (2, None, (2, 2, 1)),
+    (4, 2, (4, 2, 2)), (1, None, (1, 1, 1))])
+def test_a_layout_names_the_nodes_block_placement_fills(n: int | None, nodes: int | None,
+                                                         layout: tuple[int, int, int]) -> None:
+    """-n 4 in a 3-node job of 2 GPUs each: 2 nodes of 2 ranks, as srun places them, so that each rank's Horovod
+    slot (from Layout.counts) names the node it runs on; not 3 nodes that srun would fill 2, 1, 1."""
+    from jupyter_hpcai.allocation import Allocation
+    from jupyter_hpcai.engines.launch import plan
+
+    job = Allocation(job_id="7", partition="gpu", nodes=["n1", "n2", "n3"], gpus_per_node=2, cpus_per_node=4, tasks=6,
+                     gpus_here=["0", "1"], end_time=None)
+    found = plan(job, n=n, nodes=nodes, launcher="srun")
+    assert (found.n, found.nodes, found.per_node) == layout
+    assert sum(found.counts) == found.n and all(count > 0 for count in found.counts)
+    with pytest.raises(HPCAIError, match=r"-n 4 at 2 per node fills 2 node\(s\), not 3") as err:
+        plan(job, n=4, nodes=3, launcher="srun")
+    assert "use --nodes 2, or -n 6" in err.value.hint

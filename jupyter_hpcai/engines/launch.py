@@ -39,12 +39,17 @@ LOCAL_MODULE = "jupyter_hpcai.ranks.local"
 
 @dataclass(frozen=True)
 class Layout:
-    """Where the ranks go."""
+    """Where the ranks go: ``per_node`` on each of ``nodes``, the last taking the rest (srun's block placement)."""
 
     n: int
     nodes: int
     per_node: int
     launcher: str
+
+    @property
+    def counts(self) -> list[int]:
+        """The ranks on each node, in node order."""
+        return [min(self.per_node, self.n - node * self.per_node) for node in range(self.nodes)]
 
 
 class Launcher:
@@ -208,7 +213,7 @@ def plan(allocation: Allocation | None, *, n: int | None = None, nodes: int | No
             raise HPCAIError("outside a Slurm job the engines run on this machine only", "leave out --nodes")
         per_node = n or gpus_per_node or 2
         return Layout(n or per_node, 1, per_node, launcher)
-    job_nodes = len(allocation.nodes)
+    job_nodes, asked_nodes = len(allocation.nodes), nodes
     nodes = nodes or (job_nodes if n is None else min(job_nodes, n))
     if nodes > job_nodes:
         raise HPCAIError(f"--nodes {nodes} is more than the {job_nodes} node(s) of job {allocation.job_id}",
@@ -223,7 +228,11 @@ def plan(allocation: Allocation | None, *, n: int | None = None, nodes: int | No
     if n > nodes * per_node:
         raise HPCAIError(f"-n {n} does not fit on {nodes} node(s) x {per_node} per node",
                          f"use -n {nodes * per_node} or fewer, or more nodes")
-    return Layout(n, nodes, per_node, launcher)
+    filled = -(-n // per_node)  # srun's block placement: full nodes first, the rest on the last
+    if filled < nodes and asked_nodes:
+        raise HPCAIError(f"-n {n} at {per_node} per node fills {filled} node(s), not {nodes}",
+                         f"use --nodes {filled}, or -n {nodes * per_node} for {nodes} full nodes")
+    return Layout(n, filled, per_node, launcher)
 
 
 class RankSetLauncher(MPIEngineSetLauncher):  # type: ignore[misc]

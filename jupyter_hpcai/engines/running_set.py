@@ -201,8 +201,7 @@ class RunningSet:
     def _frameworks_env(self, addresses: Iterable[str]) -> dict[str, str]:
         """What the ranks need to initialise the env's frameworks in this world (a rendezvous the kernel holds,
         on the controller's address)."""
-        n, per_node = self.layout.n, self.layout.per_node
-        counts = [min(per_node, n - node * per_node) for node in range(self.layout.nodes) if n > node * per_node]
+        counts = [count for count in self.layout.counts if count > 0]
         env = dict.fromkeys(LAUNCH_VARS, "")
         for framework in FRAMEWORKS.values():
             if framework.launch_env and framework.installed():
