@@ -48,8 +48,9 @@ class Layout:
 
     @property
     def counts(self) -> list[int]:
-        """The ranks on each node, in node order."""
-        return [min(self.per_node, self.n - node * self.per_node) for node in range(self.nodes)]
+        """The ranks on each node that has any, in node order."""
+        return [min(self.per_node, self.n - node * self.per_node) for node in range(self.nodes)
+                if self.n > node * self.per_node]
 
 
 class Launcher:

@@ -201,7 +201,7 @@ class RunningSet:
     def _frameworks_env(self, addresses: Iterable[str]) -> dict[str, str]:
         """What the ranks need to initialise the env's frameworks in this world (a rendezvous the kernel holds,
         on the controller's address)."""
-        counts = [count for count in self.layout.counts if count > 0]
+        counts = self.layout.counts
         env = dict.fromkeys(LAUNCH_VARS, "")
         for framework in FRAMEWORKS.values():
             if framework.launch_env and framework.installed():

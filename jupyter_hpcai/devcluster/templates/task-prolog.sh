@@ -5,6 +5,6 @@
 echo "export OMPI_MCA_btl=self,tcp"
 # Each node says it has more CPUs than the machine has cores, so ranks can outnumber cores: Open MPI must give its
 # core away while it waits, as mpirun does by itself on a node it knows to be oversubscribed; spinning, one rank took
-# the core its peer needed (a small model trained 4.7x slower over MPI on 2 cores).
+# the core its peer needed (a small model trained about 5x slower over MPI on 2 cores).
 echo "export OMPI_MCA_mpi_yield_when_idle=1"
 ${loopback_only}
