@@ -52,10 +52,13 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """A test that uses the dev cluster (its fixture, or marked so) is marked ``slurm``, as it is collected (before
-    -m selects)."""
-    if "devcluster" in getattr(item, "fixturenames", ()) or item.get_closest_marker("slurm"):
+    """A test that uses the dev cluster (its fixture, or marked so) is marked ``slurm``, and one that prints a
+    benchmark line ``benchmark``, as it is collected (before -m selects)."""
+    fixtures = getattr(item, "fixturenames", ())
+    if "devcluster" in fixtures or item.get_closest_marker("slurm"):
         item.add_marker(pytest.mark.slurm)
+    if "bench" in fixtures:
+        item.add_marker(pytest.mark.benchmark)
 
 
 # The longest files of a full run (3-12 minutes each, in this order), run first: scripts/test.sh hands whole files to

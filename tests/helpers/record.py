@@ -20,6 +20,7 @@ BENCH: list[str] = []  # benchmark lines (the bench fixture hands it out)
 ATTACKS: list[tuple[str, str, str]] = []  # (attack, "blocked" or "LEAKED", what was observed)
 FILE_SECONDS: dict[str, float] = {}  # each test file's setup, call and teardown time (a session fixture: where first used)
 PHASES: list[tuple[str, str, str, float, float]] = []  # (process, test, phase, start, stop): the run's timeline
+BENCHMARKS: set[str] = set()  # the tests that print a benchmark line (marked ``benchmark`` as collected)
 STARTED = (time.monotonic(), cpu.machine())  # the run's start, and the machine's CPU seconds then
 BUSY: list[tuple[float, float]] = []  # (time, the machine's busy cores over the 5 s before it), in the main process
 KEY = "hpcai-record"  # what a worker hands over, in its workeroutput
@@ -31,6 +32,8 @@ def timed(report: pytest.TestReport) -> None:
     FILE_SECONDS[path] = FILE_SECONDS.get(path, 0.0) + report.duration
     worker = getattr(getattr(report, "node", None), "gateway", None)  # pytest-xdist's, in the main process
     PHASES.append((worker.id if worker else "main", report.nodeid, report.when, report.start, report.stop))
+    if "benchmark" in report.keywords:
+        BENCHMARKS.add(report.nodeid)
 
 
 def handed(config: pytest.Config) -> None:
@@ -79,6 +82,10 @@ def timeline(wall: float) -> list[str]:
         first, last = mine[0][3] - zero, max(row[4] for row in mine) - zero
         lines.append(f"  {who}: {busy / 60:.1f} min in tests from {first / 60:.1f} to {last / 60:.1f} min, "
                      f"{(last - first - busy) / 60:.1f} min between them")
+    benchmarks = sum(stop - start for _, test, _, start, stop in rows if test in BENCHMARKS)
+    total = sum(stop - start for *_, start, stop in rows)
+    lines.append(f"  the {len(BENCHMARKS)} tests that print a benchmark line: {benchmarks / 60:.1f} min of the "
+                 f"{total / 60:.1f} min in tests")
     lines.append("  (every test phase in test-artifacts/timeline.tsv, the busy cores every 5 s in busy.tsv)")
     return lines
 
@@ -115,8 +122,9 @@ def report(terminalreporter: pytest.TerminalReporter) -> None:
         wall = time.monotonic() - STARTED[0]
         busy, every = (now - then for now, then in zip(cpu.machine(), STARTED[1]))
         terminalreporter.section(f"where the time went: {total / 60:.1f} min in test files, {wall / 60:.1f} min from "
-                                 f"start to end, the machine's {cpu.CORES} cores busy {100 * busy / every:.0f} % of it; "
-                                 "the slowest 20 files")
+                                 f"start to end, the machine's {cpu.CORES} cores busy {100 * busy / every:.0f} % of it "
+                                 f"(that CPU work alone needs {busy / cpu.CORES / 60:.1f} min on them); the slowest 20 "
+                                 "files")
         for path, seconds in sorted(FILE_SECONDS.items(), key=lambda item: -item[1])[:20]:
             terminalreporter.write_line(f"{seconds:7.1f} s  {100 * seconds / total:4.1f} %  {path}")
         for line in timeline(wall):
