@@ -82,10 +82,11 @@ def timeline(wall: float) -> list[str]:
         first, last = mine[0][3] - zero, max(row[4] for row in mine) - zero
         lines.append(f"  {who}: {busy / 60:.1f} min in tests from {first / 60:.1f} to {last / 60:.1f} min, "
                      f"{(last - first - busy) / 60:.1f} min between them")
-    benchmarks = sum(stop - start for _, test, _, start, stop in rows if test in BENCHMARKS)
-    total = sum(stop - start for *_, start, stop in rows)
-    lines.append(f"  the {len(BENCHMARKS)} tests that print a benchmark line: {benchmarks / 60:.1f} min of the "
-                 f"{total / 60:.1f} min in tests")
+    if BENCHMARKS:
+        benchmarks = sum(stop - start for _, test, _, start, stop in rows if test in BENCHMARKS)
+        total = sum(stop - start for *_, start, stop in rows)
+        lines.append(f"  tests that print a benchmark line ({len(BENCHMARKS)}): {benchmarks / 60:.1f} min of the "
+                     f"{total / 60:.1f} min in tests")
     lines.append("  (every test phase in test-artifacts/timeline.tsv, the busy cores every 5 s in busy.tsv)")
     return lines
 
