@@ -3,6 +3,7 @@ hub, benchmarks. Helpers are in tests/helpers/."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import subprocess
@@ -54,10 +55,10 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 def pytest_itemcollected(item: pytest.Item) -> None:
     """A test that uses the dev cluster (its fixture, or marked so) is marked ``slurm``, and one that prints a
     benchmark line ``benchmark``, as it is collected (before -m selects)."""
-    fixtures = getattr(item, "fixturenames", ())
-    if "devcluster" in fixtures or item.get_closest_marker("slurm"):
+    if "devcluster" in getattr(item, "fixturenames", ()) or item.get_closest_marker("slurm"):
         item.add_marker(pytest.mark.slurm)
-    if "bench" in fixtures:
+    function = getattr(item, "function", None)  # its own arguments: a fixture that tallies for a line is not one
+    if function is not None and "bench" in inspect.signature(function).parameters:
         item.add_marker(pytest.mark.benchmark)
 
 
