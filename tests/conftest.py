@@ -53,11 +53,11 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """A test that uses the dev cluster (its fixture, or marked so) is marked ``slurm``, and one that prints a
-    benchmark line ``benchmark``, as it is collected (before -m selects)."""
+    """A test that uses the dev cluster (its fixture, or marked so) is marked ``slurm``, and one that asks for the
+    bench fixture itself ``benchmark``, as it is collected (before -m selects)."""
     if "devcluster" in getattr(item, "fixturenames", ()) or item.get_closest_marker("slurm"):
         item.add_marker(pytest.mark.slurm)
-    function = getattr(item, "function", None)  # its own arguments: a fixture that tallies for a line is not one
+    function = getattr(item, "function", None)  # its own arguments, not those of the fixtures it uses
     if function is not None and "bench" in inspect.signature(function).parameters:
         item.add_marker(pytest.mark.benchmark)
 

@@ -20,7 +20,7 @@ BENCH: list[str] = []  # benchmark lines (the bench fixture hands it out)
 ATTACKS: list[tuple[str, str, str]] = []  # (attack, "blocked" or "LEAKED", what was observed)
 FILE_SECONDS: dict[str, float] = {}  # each test file's setup, call and teardown time (a session fixture: where first used)
 PHASES: list[tuple[str, str, str, float, float]] = []  # (process, test, phase, start, stop): the run's timeline
-BENCHMARKS: set[str] = set()  # the tests that print a benchmark line (marked ``benchmark`` as collected)
+BENCHMARKS: set[str] = set()  # the tests that ask for the bench fixture themselves (marked ``benchmark`` as collected)
 STARTED = (time.monotonic(), cpu.machine())  # the run's start, and the machine's CPU seconds then
 BUSY: list[tuple[float, float]] = []  # (time, the machine's busy cores over the 5 s before it), in the main process
 KEY = "hpcai-record"  # what a worker hands over, in its workeroutput
@@ -65,7 +65,7 @@ def sample_the_machine() -> None:
 def timeline(wall: float) -> list[str]:
     """Write every test phase's process, start and end (seconds from the run's start) to test-artifacts/timeline.tsv;
     return a line per process: its time in tests, and between them (waiting for an alone test, or its last file
-    done before the run's end)."""
+    done before the run's end); and the time of the tests that ask for the bench fixture themselves."""
     if not PHASES:
         return []
     zero = time.time() - wall
@@ -85,7 +85,7 @@ def timeline(wall: float) -> list[str]:
     if BENCHMARKS:
         benchmarks = sum(stop - start for _, test, _, start, stop in rows if test in BENCHMARKS)
         total = sum(stop - start for *_, start, stop in rows)
-        lines.append(f"  tests that print a benchmark line ({len(BENCHMARKS)}): {benchmarks / 60:.1f} min of the "
+        lines.append(f"  tests that ask for the bench fixture themselves ({len(BENCHMARKS)}): {benchmarks / 60:.1f} min of the "
                      f"{total / 60:.1f} min in tests")
     lines.append("  (every test phase in test-artifacts/timeline.tsv, the busy cores every 5 s in busy.tsv)")
     return lines
