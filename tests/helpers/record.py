@@ -85,8 +85,8 @@ def timeline(wall: float) -> list[str]:
     if BENCHMARKS:
         benchmarks = sum(stop - start for _, test, _, start, stop in rows if test in BENCHMARKS)
         total = sum(stop - start for *_, start, stop in rows)
-        lines.append(f"  tests that ask for the bench fixture themselves ({len(BENCHMARKS)}): {benchmarks / 60:.1f} min of the "
-                     f"{total / 60:.1f} min in tests")
+        lines.append(f"  tests that ask for the bench fixture themselves ({len(BENCHMARKS)}): "
+                     f"{benchmarks / 60:.1f} min of the {total / 60:.1f} min in tests")
     lines.append("  (every test phase in test-artifacts/timeline.tsv, the busy cores every 5 s in busy.tsv)")
     return lines
 
