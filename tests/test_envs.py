@@ -142,6 +142,31 @@ def test_adding_a_pip_package_keeps_the_old_build_until_current_moves(small_reci
     assert old.prefix.exists(), "the previous build is kept (prune keeps two)"
 
 
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+def test_the_pip_layer_is_compiled_by_the_build_for_either_installer(small_recipe: Path, env_store: EnvStore,
+                                                                    installer: str) -> None:
+    """The layer's bytecode is the build's step, whichever installer ran (pip is told not to write its own): the
+    first build compiles it; a rebuild from the lock by uv takes the build before's .pyc files, linked."""
+    said: list[str] = []
+
+    def heard(event: Event) -> None:
+        if event.message.startswith("bytecode:"):
+            said.append(event.message)
+
+    name = f"bytecode-{installer}"
+    first = Builder(load_recipe(small_recipe), store=env_store, name=name, installer=installer, progress=heard).run()
+    lock = first.build.lock()
+    assert lock is not None
+    again = Builder(load_recipe(small_recipe), store=env_store, name=name, installer=installer, locked=lock,
+                    progress=heard).run()
+    for result in (first, again):
+        [six] = result.build.prefix.glob("lib/python3*/site-packages/six.py")
+        assert list(six.parent.glob("__pycache__/six.cpython-*.pyc")), f"{installer}: six.py was not compiled"
+    reused = [int(m[1]) for m in (re.match(r"bytecode: (\d+) ", s) for s in said) if m]
+    assert len(reused) == 2 and reused[0] == 0, said
+    assert reused[1] > 0 if installer == "uv" else reused[1] == 0, said  # pip copies files: nothing to link
+
+
 def test_progress_shows_bars_with_counts_and_a_summary(small_recipe: Path, env_store: EnvStore, tmp_path: Path) -> None:
     """On a terminal, `hpcai env build` shows a bar per phase with packages or steps done of known totals, then one
     line with each phase's time."""

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> list[str]:
         f"  rebuild from the lock, warm caches / first build = {med(locked) / first:.3f} ({each(locked)})",
         f"  one pip package ({args.add}) added / first build = {med(added) / first:.3f} ({each(added)}; removed again: "
         f"{each(removed)})",
-        f"  the pip layer ({len(lines)} packages) into an empty prefix, warm caches: uv / pip = "
+        f"  the pip layer ({len(lines)} packages) into an empty prefix, warm caches, no bytecode: uv / pip = "
         f"{med(seconds['uv']) / med(seconds['pip']):.3f} (uv {each(seconds['uv'])}; pip {each(seconds['pip'])})",
     ]
     print("\n".join(out), flush=True)

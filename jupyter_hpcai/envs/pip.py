@@ -101,12 +101,14 @@ class Installer:
 
 
 class Pip(Installer):
-    """The prefix's own pip."""
+    """The prefix's own pip. It writes no bytecode: the build does that after either installer (compile_bytecode,
+    on every core), where pip's own compiled the whole layer again, one file at a time."""
 
     name = "pip"
 
     def command(self, *, no_build_isolation: bool, no_deps: bool, find_links: Path | None) -> tuple[list[str], dict[str, str]]:
-        cmd = [str(self.python), "-m", "pip", "install", "--upgrade-strategy", "only-if-needed", "--progress-bar", "off"]
+        cmd = [str(self.python), "-m", "pip", "install", "--upgrade-strategy", "only-if-needed", "--progress-bar", "off",
+               "--no-compile"]
         cmd += ["--no-build-isolation"] * no_build_isolation + ["--no-deps"] * no_deps
         return cmd + (["--find-links", str(find_links)] if find_links else []), self.env
 
