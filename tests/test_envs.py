@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from helpers.channel import index, make_package
 from helpers.envs import shipped_env_held
 from jupyter_hpcai.envs import Builder, EnvDir, EnvStore, Event, PrefixEnv, load_recipe, open_env, parse_recipe
 from jupyter_hpcai.envs.manifest import Lock, PrefixManifest
+from jupyter_hpcai.envs import pip
 from jupyter_hpcai.envs.conda import solve
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
@@ -165,6 +167,99 @@ def test_the_pip_layer_is_compiled_by_the_build_for_either_installer(small_recip
     reused = [int(m[1]) for m in (re.match(r"bytecode: (\d+) ", s) for s in said) if m]
     assert len(reused) == 2 and reused[0] == 0, said
     assert reused[1] > 0 if installer == "uv" else reused[1] == 0, said  # pip copies files: nothing to link
+
+
+COMPILED_SETUP = """import os, sys
+from setuptools import setup
+home = os.environ["HPCAI_TEST_LIB_HOME"]
+with open("hpcai_test_compiled.py", "w") as module:  # with the prefix's path in it where the test says so
+    module.write(f"HOME = {home!r}\\n" if os.environ.get("HPCAI_TEST_EMBED") else "HOME = None\\n")
+if "bdist_wheel" in sys.argv:  # one line per time it is built, with the prefix it was built against
+    with open(os.environ["HPCAI_TEST_COMPILES"], "a") as out:
+        out.write(home + "\\n")
+setup(name="hpcai-test-compiled", version="1.0", py_modules=["hpcai_test_compiled"])
+"""
+
+
+@pytest.mark.parametrize("embeds", [False, True], ids=["relocatable", "holds-its-prefix"])
+def test_a_package_built_against_the_prefix_is_compiled_again_only_where_it_must(
+        conda_channel: Path, env_store: EnvStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, embeds: bool) -> None:
+    """A no_build_isolation package whose build variable names the prefix (as Horovod's HOROVOD_NCCL_HOME:
+    ${CONDA_PREFIX}) stands in for Horovod here. A pip-only change takes the wheel compiled before, though each build
+    has a prefix of its own, unless that wheel holds its prefix's path (an rpath would point into a build deleted
+    later); a changed conda layer compiles it again."""
+    sdists, compiles = tmp_path / "sdists", tmp_path / "compiles.txt"
+    sdists.mkdir()
+    source = tmp_path / "hpcai-test-compiled-1.0"
+    source.mkdir()
+    (source / "setup.py").write_text(COMPILED_SETUP)
+    subprocess.run(["tar", "-czf", str(sdists / "hpcai-test-compiled-1.0.tar.gz"), "-C", str(tmp_path), source.name],
+                   check=True, timeout=60)
+    monkeypatch.setenv("PIP_FIND_LINKS", str(sdists))
+    monkeypatch.setenv("HPCAI_TEST_COMPILES", str(compiles))
+    monkeypatch.setenv("HPCAI_CACHE_DIR", str(tmp_path / "cache"))
+    if embeds:
+        monkeypatch.setenv("HPCAI_TEST_EMBED", "1")
+    name = f"compiled-{embeds}".lower()
+    text = f"""name: {name}
+conda:
+  channels: [{conda_channel}]
+  specs: [hpcai-test-lib=1.0]
+python: /usr/bin/python3
+pip: [wheel, six==1.16.0, hpcai-test-compiled==1.0]
+build_env:
+  HPCAI_TEST_LIB_HOME: ${{CONDA_PREFIX}}
+no_build_isolation: [hpcai-test-compiled]
+verify:
+  commands:
+    - run: python -c "import hpcai_test_compiled as m, sys; print(m.HOME in (None, sys.prefix))"
+      expect: ["True"]
+"""
+
+    def build(recipe_text: str, rebuild: bool = False) -> Path:
+        recipe = tmp_path / f"{name}.yaml"
+        recipe.write_text(recipe_text)
+        return Builder(load_recipe(recipe), store=env_store, rebuild=rebuild).run().build.prefix
+
+    first = build(text)
+    second = build(text.replace("six==1.16.0", "six==1.17.0"))  # the pip layer changes, the conda layer stays
+    assert compiles.read_text().split() == [str(first), str(second)] if embeds else [str(first)]
+    third = build(text.replace("hpcai-test-lib=1.0", "hpcai-test-lib=2.0"), rebuild=True)
+    assert compiles.read_text().split()[-1] == str(third)
+
+
+def test_a_wheel_holds_its_prefix_only_where_a_process_follows_it(tmp_path: Path) -> None:
+    """Real shared objects from gcc: the prefix in the debug info (the headers it was compiled with, as Horovod's
+    name TensorFlow's) does not tie the wheel to its prefix; an rpath into it, or any other file naming it, does."""
+    prefix = tmp_path / "builds" / "20261206-000000-abcd"
+    (prefix / "include").mkdir(parents=True)
+    (prefix / "include" / "answer.h").write_text("static inline int answer(void) { return 42; }\n")
+    (tmp_path / "lib.c").write_text('#include "answer.h"\nint hpcai_answer(void) { return answer(); }\n')
+
+    def wheel(name: str, files: dict[str, bytes]) -> Path:
+        path = tmp_path / f"{name}-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(path, "w") as archive:
+            for member, data in files.items():
+                archive.writestr(member, data)
+        Path(f"{path}.built-in").write_text(str(prefix))
+        return path
+
+    def shared_object(*flags: str) -> bytes:
+        out = tmp_path / "lib.so"
+        subprocess.run(["gcc", "-shared", "-fPIC", "-g", f"-I{prefix / 'include'}", *flags, "-o", str(out),
+                        str(tmp_path / "lib.c")], check=True, timeout=60)
+        return out.read_bytes()
+
+    debug_only = shared_object()
+    assert str(prefix).encode() in debug_only  # gcc wrote the header's path into the debug info
+    assert not pip.holds_where_built(wheel("debug", {"pkg/lib.so": debug_only, "pkg/__init__.py": b"x = 1\n"}))
+    assert pip.holds_where_built(wheel("rpath", {"pkg/lib.so": shared_object(f"-Wl,-rpath,{prefix / 'lib'}")}))
+    assert pip.holds_where_built(wheel("text", {"pkg/paths.py": f"HOME = {str(prefix)!r}\n".encode()}))
+    truncated = debug_only[:0x40] + str(prefix).encode()  # its section table cut off: read as any other file
+    assert pip.holds_where_built(wheel("truncated", {"pkg/lib.so": truncated}))
+    unrecorded = wheel("unrecorded", {"pkg/__init__.py": b""})
+    Path(f"{unrecorded}.built-in").unlink()
+    assert pip.holds_where_built(unrecorded)  # no record of where it was built: built again, to be safe
 
 
 def test_progress_shows_bars_with_counts_and_a_summary(small_recipe: Path, env_store: EnvStore, tmp_path: Path) -> None:

@@ -270,12 +270,10 @@ class Builder:
                 if plan.plain:
                     installer.install(plan.plain, log=log, no_deps=no_deps, on_output=counter)
                 if plan.isolated_off:
-                    # installers key their wheel caches by source only; these builds also depend on the build
-                    # variables and on the frameworks they compile against (Horovod against TensorFlow)
                     against = [d for d in pip.lock_lines(pip.inspect(build.python, env)) if _COMPILED_AGAINST.match(d)]
-                    key = hashlib.sha256(json.dumps([build_env, against], sort_keys=True).encode()).hexdigest()[:16]
-                    wheels = paths.cache_dir() / "compiled-wheels" / key
-                    pip.build_wheels(build.python, plan.isolated_off, folder=wheels, env={**env, **build_env}, log=log)
+                    wheels = paths.cache_dir() / "compiled-wheels" / _compiled_key(build_env, prefix, against)
+                    wheels = pip.build_wheels(build.python, plan.isolated_off, folder=wheels, env={**env, **build_env},
+                                              log=log, prefix=prefix)
                     installer.install(plan.isolated_off, log=log, no_build_isolation=True, no_deps=no_deps,
                                       find_links=wheels, on_output=counter)
                 reused = pip.compile_bytecode(build.python, prefix, previous.prefix if previous else None, log)
@@ -378,6 +376,16 @@ def _project_name(source: Path) -> str:
         return str(tomllib.loads((source / "pyproject.toml").read_text())["project"]["name"])
     except (OSError, KeyError, tomllib.TOMLDecodeError):
         return source.name
+
+
+def _compiled_key(build_env: dict[str, str], prefix: Path, against: list[str]) -> str:
+    """The compiled-wheel cache's folder for a build: installers key their wheel caches by source only, and these
+    builds also depend on the build variables, the frameworks they compile against (Horovod against TensorFlow) and
+    the conda layer (MPI, NCCL, CUDA). Each build has a prefix of its own, so the variables name the new build's
+    prefix as ``$PREFIX`` (pip.build_wheels still compiles again a wheel that holds its prefix's path)."""
+    variables = {name: value.replace(str(prefix), "$PREFIX") for name, value in build_env.items()}
+    layer = conda.pinned_specs(conda.installed(prefix))
+    return hashlib.sha256(json.dumps([variables, against, layer], sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _normal(name: str) -> str:

@@ -4,11 +4,14 @@ prefix's own pip; what is installed is read back with pip inspect."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import platform
 import re
+import struct
 import tempfile
+import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -224,20 +227,72 @@ def _python_folders(prefix: Path) -> Iterator[tuple[Path, list[str], dict[str, l
             yield Path(folder), sources, compiled
 
 
-def build_wheels(python: Path, requirements: list[str], *, folder: Path, env: Mapping[str, str], log: Path) -> None:
-    """Wheels of packages compiled against the prefix (no build isolation: Horovod against TensorFlow) into
-    ``folder``, the caller's cache for one set of build variables and frameworks. A pinned line with its wheel
-    there already is not built again; pip's own caches are kept in the folder too (they know only the source)."""
-    def cached(line: str) -> bool:
+def build_wheels(python: Path, requirements: list[str], *, folder: Path, env: Mapping[str, str], log: Path,
+                 prefix: Path) -> Path:
+    """Wheels of packages compiled against ``prefix`` (no build isolation: Horovod against TensorFlow) in
+    ``folder``, the caller's cache for one set of build variables, frameworks and conda layer; the folder to install
+    them from. A pinned line with its wheel there already is not built again, unless that wheel holds the path of the
+    prefix it was built in (an rpath into a build deleted later): such packages are built for each prefix, in a
+    folder of its own. pip's own cache is not used: it knows only the source."""
+    def wheels(where: Path, line: str) -> list[Path]:
         name, _, version = line.partition("==")
-        return bool(version) and any(folder.glob(f"{re.sub(r'[-_.]+', '_', name.strip()).lower()}-{version.strip()}-*.whl"))
+        pattern = f"{re.sub(r'[-_.]+', '_', name.strip()).lower()}-{version.strip()}-*.whl"
+        return sorted(where.glob(pattern)) if version else []
 
-    missing = [line for line in requirements if not cached(line)]
+    if any(holds_where_built(w) for line in requirements for w in wheels(folder, line)):
+        folder = folder.with_name(f"{folder.name}-{hashlib.sha256(str(prefix).encode()).hexdigest()[:16]}")
+    missing = [line for line in requirements if not wheels(folder, line)]
     if missing:
         folder.mkdir(parents=True, exist_ok=True)
-        run_logged([python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--progress-bar", "off",
-                    "--find-links", folder, "--wheel-dir", folder, *missing], log=log, timeout=3600,
-                   env={**env, "PIP_CACHE_DIR": str(folder / ".pip-cache")})
+        run_logged([python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir",
+                    "--progress-bar", "off", "--find-links", folder, "--wheel-dir", folder, *missing], log=log,
+                   timeout=3600, env=env)
+        for wheel in (w for line in missing for w in wheels(folder, line)):
+            Path(f"{wheel}.built-in").write_text(str(prefix))
+    return folder
+
+
+def holds_where_built(wheel: Path) -> bool:
+    """Whether ``wheel`` holds the path of the prefix it was built in (recorded beside it; a wheel with no record
+    counts as holding it) where a process would follow it: in a shared object's rpath, or anywhere in any other
+    file. A shared object's debug info names the headers it was compiled with (Horovod: TensorFlow's, in the
+    prefix), which only a debugger reads: that does not count."""
+    try:
+        where = Path(f"{wheel}.built-in").read_text().encode()
+    except OSError:
+        return True
+    with zipfile.ZipFile(wheel) as archive:
+        for member in archive.infolist():
+            data = b"" if member.is_dir() else archive.read(member)
+            found = _search_paths(data) if data.startswith(b"\x7fELF") else [data]
+            if any(where in path for path in found):
+                return True
+    return False
+
+
+def _search_paths(elf: bytes) -> list[bytes]:
+    """The RPATH and RUNPATH of a 64-bit little-endian ELF file (Linux on x86-64 and aarch64); all of it where it
+    is another kind or does not parse, so that any mention counts."""
+    if elf[4:6] != b"\x02\x01":
+        return [elf]
+    try:
+        shoff, = struct.unpack_from("<Q", elf, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", elf, 0x3A)
+        # each section header: name, type, flags, addr, offset, size, link (for .dynamic: its string table), ...
+        sections = [struct.unpack_from("<IIQQQQI", elf, shoff + i * shentsize) for i in range(shnum)]
+        paths = []
+        for _, kind, _, _, offset, size, link in sections:
+            if kind != 6:  # SHT_DYNAMIC
+                continue
+            strings = sections[link][4]
+            for entry in range(offset, offset + size, 16):
+                tag, value = struct.unpack_from("<qQ", elf, entry)
+                if tag in (15, 29):  # DT_RPATH, DT_RUNPATH
+                    start = strings + value
+                    paths.append(elf[start:elf.index(b"\0", start)])
+        return paths
+    except (struct.error, IndexError, ValueError, OverflowError):
+        return [elf]
 
 
 def known_installer(name: str) -> str:
