@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -164,6 +165,9 @@ def test_the_pip_layer_is_compiled_by_the_build_for_either_installer(small_recip
     for result in (first, again):
         [six] = result.build.prefix.glob("lib/python3*/site-packages/six.py")
         assert list(six.parent.glob("__pycache__/six.cpython-*.pyc")), f"{installer}: six.py was not compiled"
+        assert result.log is not None
+        installs = [ln for ln in result.log.read_text().splitlines() if ln.startswith("$ ") and " install " in ln]
+        assert installs and all("--no-compile" in ln for ln in installs if " -m pip install " in ln), installs
     reused = [int(m[1]) for m in (re.match(r"bytecode: (\d+) ", s) for s in said) if m]
     assert len(reused) == 2 and reused[0] == 0, said
     assert reused[1] > 0 if installer == "uv" else reused[1] == 0, said  # pip copies files: nothing to link
@@ -181,27 +185,33 @@ setup(name="hpcai-test-compiled", version="1.0", py_modules=["hpcai_test_compile
 """
 
 
-@pytest.mark.parametrize("embeds", [False, True], ids=["relocatable", "holds-its-prefix"])
-def test_a_package_built_against_the_prefix_is_compiled_again_only_where_it_must(
-        conda_channel: Path, env_store: EnvStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, embeds: bool) -> None:
-    """A no_build_isolation package whose build variable names the prefix (as Horovod's HOROVOD_NCCL_HOME:
-    ${CONDA_PREFIX}) stands in for Horovod here. A pip-only change takes the wheel compiled before, though each build
-    has a prefix of its own, unless that wheel holds its prefix's path (an rpath would point into a build deleted
-    later); a changed conda layer compiles it again."""
-    sdists, compiles = tmp_path / "sdists", tmp_path / "compiles.txt"
-    sdists.mkdir()
+def test_bytecode_of_another_python_does_not_count(tmp_path: Path) -> None:
+    """A .pyc for another interpreter (a wheel that ships one, or the build before on an older python) is neither
+    taken as this one's nor linked: the source is compiled for this python."""
+    site = tmp_path / "prefix" / "lib" / "python3.11" / "site-packages"
+    (site / "__pycache__").mkdir(parents=True)
+    (site / "mod.py").write_text("x = 1\n")
+    (site / "__pycache__" / "mod.cpython-39.pyc").write_bytes(b"not this python's")
+    log = tmp_path / "build.log"
+    log.write_text("")
+    assert pip.compile_bytecode(Path(sys.executable), tmp_path / "prefix", None, log) == 0
+    assert (site / "__pycache__" / f"mod.{sys.implementation.cache_tag}.pyc").exists()
+
+
+def _compiled_recipe(conda_channel: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> str:
+    """A recipe with a no_build_isolation package whose build variable names the prefix (as Horovod's
+    HOROVOD_NCCL_HOME: ${CONDA_PREFIX}), from a local sdist; each time it is built, a line in compiles.txt."""
+    sdists = tmp_path / "sdists"
+    sdists.mkdir(exist_ok=True)
     source = tmp_path / "hpcai-test-compiled-1.0"
-    source.mkdir()
+    source.mkdir(exist_ok=True)
     (source / "setup.py").write_text(COMPILED_SETUP)
     subprocess.run(["tar", "-czf", str(sdists / "hpcai-test-compiled-1.0.tar.gz"), "-C", str(tmp_path), source.name],
                    check=True, timeout=60)
     monkeypatch.setenv("PIP_FIND_LINKS", str(sdists))
-    monkeypatch.setenv("HPCAI_TEST_COMPILES", str(compiles))
+    monkeypatch.setenv("HPCAI_TEST_COMPILES", str(tmp_path / "compiles.txt"))
     monkeypatch.setenv("HPCAI_CACHE_DIR", str(tmp_path / "cache"))
-    if embeds:
-        monkeypatch.setenv("HPCAI_TEST_EMBED", "1")
-    name = f"compiled-{embeds}".lower()
-    text = f"""name: {name}
+    return f"""name: {name}
 conda:
   channels: [{conda_channel}]
   specs: [hpcai-test-lib=1.0]
@@ -216,6 +226,19 @@ verify:
       expect: ["True"]
 """
 
+
+@pytest.mark.parametrize("embeds", [False, True], ids=["relocatable", "holds-its-prefix"])
+def test_a_package_built_against_the_prefix_is_compiled_again_only_where_it_must(
+        conda_channel: Path, env_store: EnvStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        embeds: bool) -> None:
+    """The stand-in for Horovod: a pip-only change takes the wheel compiled before, though each build has a prefix
+    of its own, unless that wheel holds its prefix's path (as an rpath would, into a build deleted later); a changed
+    conda layer compiles it again."""
+    if embeds:
+        monkeypatch.setenv("HPCAI_TEST_EMBED", "1")
+    name = f"compiled-{embeds}".lower()
+    text = _compiled_recipe(conda_channel, tmp_path, monkeypatch, name)
+
     def build(recipe_text: str, rebuild: bool = False) -> Path:
         recipe = tmp_path / f"{name}.yaml"
         recipe.write_text(recipe_text)
@@ -223,9 +246,34 @@ verify:
 
     first = build(text)
     second = build(text.replace("six==1.16.0", "six==1.17.0"))  # the pip layer changes, the conda layer stays
-    assert compiles.read_text().split() == [str(first), str(second)] if embeds else [str(first)]
+    compiles = tmp_path / "compiles.txt"
+    assert compiles.read_text().split() == ([str(first), str(second)] if embeds else [str(first)])
     third = build(text.replace("hpcai-test-lib=1.0", "hpcai-test-lib=2.0"), rebuild=True)
     assert compiles.read_text().split()[-1] == str(third)
+
+
+def test_two_builds_at_once_compile_once(conda_channel: Path, env_store: EnvStore, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two envs from one recipe built side by side (two terminals of one user) share the compiled-wheel key: the
+    second waits for the first's wheel instead of compiling it too, or writing over it."""
+    results: dict[str, Path | BaseException] = {}
+    for name in ("twin-a", "twin-b"):
+        (tmp_path / f"{name}.yaml").write_text(_compiled_recipe(conda_channel, tmp_path, monkeypatch, name))
+
+    def build(name: str) -> None:
+        recipe = tmp_path / f"{name}.yaml"
+        try:
+            results[name] = Builder(load_recipe(recipe), store=env_store).run().build.prefix
+        except BaseException as err:  # noqa: BLE001 - reported by the assertion below
+            results[name] = err
+
+    threads = [threading.Thread(target=build, args=(name,)) for name in ("twin-a", "twin-b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert all(isinstance(r, Path) for r in results.values()) and len(results) == 2, results
+    assert len((tmp_path / "compiles.txt").read_text().split()) == 1
 
 
 def test_a_wheel_holds_its_prefix_only_where_a_process_follows_it(tmp_path: Path) -> None:
@@ -257,6 +305,16 @@ def test_a_wheel_holds_its_prefix_only_where_a_process_follows_it(tmp_path: Path
     assert pip.holds_where_built(wheel("text", {"pkg/paths.py": f"HOME = {str(prefix)!r}\n".encode()}))
     truncated = debug_only[:0x40] + str(prefix).encode()  # its section table cut off: read as any other file
     assert pip.holds_where_built(wheel("truncated", {"pkg/lib.so": truncated}))
+    no_sections = debug_only[:0x3C] + b"\0\0" + debug_only[0x3E:]  # no section headers: no dynamic section found
+    assert pip.holds_where_built(wheel("no-sections", {"pkg/lib.so": no_sections}))
+    (prefix / "lib").mkdir()
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(prefix / "lib" / "libdep.so"), str(tmp_path / "lib.c"),
+                    f"-I{prefix / 'include'}"], check=True, timeout=60)  # no soname: linked by its path, it is needed so
+    needing = shared_object("-Wl,--no-as-needed", str(prefix / "lib" / "libdep.so"))
+    assert pip.holds_where_built(wheel("needed", {"pkg/lib.so": needing}))
+    cut = wheel("cut", {"pkg/__init__.py": b""})
+    cut.write_bytes(cut.read_bytes()[:20])  # not whole: built again
+    assert pip.holds_where_built(cut)
     unrecorded = wheel("unrecorded", {"pkg/__init__.py": b""})
     Path(f"{unrecorded}.built-in").unlink()
     assert pip.holds_where_built(unrecorded)  # no record of where it was built: built again, to be safe

@@ -35,6 +35,7 @@ from .store import Build, EnvDir, EnvStore
 from .verify import StepResult, verify
 
 _COMPILED_AGAINST = re.compile(r"^(tensorflow|tf-keras|keras|torch|mxnet|jax|jaxlib|numpy|mpi4py)\b", re.I)
+TOOLCHAIN_FACTS = ("compiler", "mpi", "mpicc", "cuda")  # preflight's facts a compiled wheel depends on
 State = Literal["started", "update", "done", "warning", "log"]
 
 
@@ -271,11 +272,12 @@ class Builder:
                     installer.install(plan.plain, log=log, no_deps=no_deps, on_output=counter)
                 if plan.isolated_off:
                     against = [d for d in pip.lock_lines(pip.inspect(build.python, env)) if _COMPILED_AGAINST.match(d)]
-                    wheels = paths.cache_dir() / "compiled-wheels" / _compiled_key(build_env, prefix, against)
-                    wheels = pip.build_wheels(build.python, plan.isolated_off, folder=wheels, env={**env, **build_env},
-                                              log=log, prefix=prefix)
-                    installer.install(plan.isolated_off, log=log, no_build_isolation=True, no_deps=no_deps,
-                                      find_links=wheels, on_output=counter)
+                    toolchain = [list(recipe.modules), *(checked.facts.get(k) for k in TOOLCHAIN_FACTS)]
+                    cache = paths.cache_dir() / "compiled-wheels" / _compiled_key(build_env, prefix, against, toolchain)
+                    with pip.compiled_wheels(build.python, plan.isolated_off, folder=cache, env={**env, **build_env},
+                                             log=log, prefix=prefix) as wheels:
+                        installer.install(plan.isolated_off, log=log, no_build_isolation=True, no_deps=no_deps,
+                                          find_links=wheels, on_output=counter)
                 reused = pip.compile_bytecode(build.python, prefix, previous.prefix if previous else None, log)
                 self.progress(Event("pip", f"bytecode: {reused} .pyc files from the build before, the rest compiled"))
                 dists = pip.inspect(build.python, env)
@@ -378,14 +380,15 @@ def _project_name(source: Path) -> str:
         return source.name
 
 
-def _compiled_key(build_env: dict[str, str], prefix: Path, against: list[str]) -> str:
+def _compiled_key(build_env: dict[str, str], prefix: Path, against: list[str], toolchain: list[Any]) -> str:
     """The compiled-wheel cache's folder for a build: installers key their wheel caches by source only, and these
-    builds also depend on the build variables, the frameworks they compile against (Horovod against TensorFlow) and
-    the conda layer (MPI, NCCL, CUDA). Each build has a prefix of its own, so the variables name the new build's
-    prefix as ``$PREFIX`` (pip.build_wheels still compiles again a wheel that holds its prefix's path)."""
+    builds also depend on the build variables, the frameworks they compile against (Horovod against TensorFlow),
+    the toolchain outside the prefix (the recipe's modules; the compiler, MPI and CUDA preflight found) and the
+    conda layer (MPI, NCCL, CUDA there). Each build has a prefix of its own, so the variables name the new build's
+    prefix as ``$PREFIX`` (pip.compiled_wheels still compiles again a wheel that holds its prefix's path)."""
     variables = {name: value.replace(str(prefix), "$PREFIX") for name, value in build_env.items()}
     layer = conda.pinned_specs(conda.installed(prefix))
-    return hashlib.sha256(json.dumps([variables, against, layer], sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps([variables, against, toolchain, layer], sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _normal(name: str) -> str:

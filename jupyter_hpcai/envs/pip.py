@@ -3,8 +3,8 @@ prefix's own pip; what is installed is read back with pip inspect."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
-import hashlib
 import json
 import os
 import platform
@@ -13,6 +13,7 @@ import struct
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -20,6 +21,7 @@ from ..errors import HPCAIError
 from ..paths import replace_text
 from ..proc import run, run_logged
 from . import conda
+from .recipe import requirement_name
 
 
 # What pip or uv prints when the index cannot be reached at all (no route, no DNS), as opposed to a missing package.
@@ -181,14 +183,16 @@ def compile_bytecode(python: Path, prefix: Path, previous: Path | None, log: Pat
     import compiles again where they cannot be written (a site env, PYTHONDONTWRITEBYTECODE), and each kernel and
     rank starts seconds later. A source hardlinked from the same cache file as one of ``previous`` (the build
     before) takes that build's .pyc, linked (Python points a cached code object at the file it loads it for); the
-    rest are compiled. Returns how many were reused."""
+    rest are compiled. Only .pyc files of ``python``'s own version count (a wheel may ship others, and uv links one
+    source for every version). Returns how many were reused."""
+    tag = run([str(python), "-c", "import sys; print(sys.implementation.cache_tag)"], timeout=60).stdout.strip()
     before: dict[tuple[int, int], list[Path]] = {}  # a source's inode -> its .pyc files in the build before
-    for folder, sources, compiled in _python_folders(previous) if previous else ():
+    for folder, sources, compiled in _python_folders(previous, tag) if previous else ():
         for name in sources:
             st = os.stat(folder / name)
             before[(st.st_dev, st.st_ino)] = [folder / "__pycache__" / c for c in compiled.get(name[:-3], [])]
     reused, missing = 0, []
-    for folder, sources, compiled in _python_folders(prefix):
+    for folder, sources, compiled in _python_folders(prefix, tag):
         for name in sources:
             if name[:-3] in compiled:
                 continue
@@ -213,8 +217,9 @@ def compile_bytecode(python: Path, prefix: Path, previous: Path | None, log: Pat
     return reused
 
 
-def _python_folders(prefix: Path) -> Iterator[tuple[Path, list[str], dict[str, list[str]]]]:
-    """(folder, its .py files, module name -> its .pyc files) for every folder of the prefix's site-packages."""
+def _python_folders(prefix: Path, tag: str) -> Iterator[tuple[Path, list[str], dict[str, list[str]]]]:
+    """(folder, its .py files, module name -> its .pyc files for the interpreter ``tag`` names, e.g. cpython-311)
+    for every folder of the prefix's site-packages."""
     for site in prefix.glob("lib/python*/site-packages"):
         for folder, dirs, files in os.walk(site):
             sources = [f for f in files if f.endswith(".py")]
@@ -223,56 +228,86 @@ def _python_folders(prefix: Path) -> Iterator[tuple[Path, list[str], dict[str, l
             compiled: dict[str, list[str]] = {}
             if "__pycache__" in dirs:
                 for pyc in os.listdir(os.path.join(folder, "__pycache__")):
-                    compiled.setdefault(pyc.split(".", 1)[0], []).append(pyc)
+                    if f".{tag}." in pyc:
+                        compiled.setdefault(pyc.split(".", 1)[0], []).append(pyc)
             yield Path(folder), sources, compiled
 
 
-def build_wheels(python: Path, requirements: list[str], *, folder: Path, env: Mapping[str, str], log: Path,
-                 prefix: Path) -> Path:
-    """Wheels of packages compiled against ``prefix`` (no build isolation: Horovod against TensorFlow) in
-    ``folder``, the caller's cache for one set of build variables, frameworks and conda layer; the folder to install
-    them from. A pinned line with its wheel there already is not built again, unless that wheel holds the path of the
-    prefix it was built in (an rpath into a build deleted later): such packages are built for each prefix, in a
-    folder of its own. pip's own cache is not used: it knows only the source."""
-    def wheels(where: Path, line: str) -> list[Path]:
-        name, _, version = line.partition("==")
-        pattern = f"{re.sub(r'[-_.]+', '_', name.strip()).lower()}-{version.strip()}-*.whl"
-        return sorted(where.glob(pattern)) if version else []
+@contextmanager
+def compiled_wheels(python: Path, requirements: list[str], *, folder: Path, env: Mapping[str, str], log: Path,
+                    prefix: Path) -> Iterator[Path]:
+    """Wheels of packages compiled against ``prefix`` (no build isolation: Horovod against TensorFlow), in the folder
+    this yields to install them from. ``folder`` is the caller's cache for one key (build variables, frameworks,
+    toolchain, conda layer): a pinned line with its wheel there is not built again, unless one of those wheels holds
+    the path of the prefix it was built in (an rpath into a build deleted later); then every line is built for this
+    prefix alone, in a folder deleted after the install. A build into the cache, and the install from it, hold the
+    key's lock: two builds of one key compile once. pip's own cache is not used (it knows only the source)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f"{folder.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not any(holds_where_built(w) for line in requirements for w in _wheels(folder, line)):
+            missing = [line for line in requirements if not _wheels(folder, line)]
+            if missing:
+                _build_wheels(python, missing, folder=folder, env=env, log=log, prefix=prefix)
+            yield folder
+            return
+    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f"{folder.name}-for-") as own:
+        _build_wheels(python, requirements, folder=Path(own), env=env, log=log, prefix=prefix)
+        yield Path(own)
 
-    if any(holds_where_built(w) for line in requirements for w in wheels(folder, line)):
-        folder = folder.with_name(f"{folder.name}-{hashlib.sha256(str(prefix).encode()).hexdigest()[:16]}")
-    missing = [line for line in requirements if not wheels(folder, line)]
-    if missing:
-        folder.mkdir(parents=True, exist_ok=True)
+
+def _wheels(folder: Path, line: str) -> list[Path]:
+    """The wheels in ``folder`` of a pinned requirement line (none for an unpinned one)."""
+    name, _, version = line.partition("==")
+    if not version:
+        return []
+    project = re.sub(r"[-_.]+", "_", requirement_name(name))
+    return sorted(folder.glob(f"{project}-{version.split(';')[0].strip()}-*.whl"))
+
+
+def _build_wheels(python: Path, requirements: list[str], *, folder: Path, env: Mapping[str, str], log: Path,
+                  prefix: Path) -> None:
+    """Build the lines' wheels aside, then move each into ``folder`` after its record of where it was built."""
+    folder.mkdir(parents=True, exist_ok=True)
+    where = "\n".join(dict.fromkeys([str(prefix), os.path.realpath(prefix)])) + "\n"
+    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".building-") as aside:
         run_logged([python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir",
-                    "--progress-bar", "off", "--find-links", folder, "--wheel-dir", folder, *missing], log=log,
-                   timeout=3600, env=env)
-        for wheel in (w for line in missing for w in wheels(folder, line)):
-            Path(f"{wheel}.built-in").write_text(str(prefix))
-    return folder
+                    "--progress-bar", "off", "--wheel-dir", aside, *requirements], log=log, timeout=3600, env=env)
+        for wheel in Path(aside).glob("*.whl"):
+            record = Path(f"{wheel}.built-in")
+            record.write_text(where)
+            os.replace(record, folder / record.name)
+            os.replace(wheel, folder / wheel.name)
 
 
 def holds_where_built(wheel: Path) -> bool:
-    """Whether ``wheel`` holds the path of the prefix it was built in (recorded beside it; a wheel with no record
-    counts as holding it) where a process would follow it: in a shared object's rpath, or anywhere in any other
-    file. A shared object's debug info names the headers it was compiled with (Horovod: TensorFlow's, in the
-    prefix), which only a debugger reads: that does not count."""
+    """Whether ``wheel`` holds the path of the prefix it was built in (recorded beside it, as given and resolved; a
+    wheel with no record, or not whole, counts as holding it) where a process would follow it: in the paths of an
+    ELF file's dynamic section (rpath, runpath, needed libraries), or anywhere in any other file. The rest of an
+    ELF file is not searched: its debug info names the headers it was compiled with (Horovod: TensorFlow's, in the
+    prefix), which only a debugger reads."""
     try:
-        where = Path(f"{wheel}.built-in").read_text().encode()
-    except OSError:
+        where = [line.encode() for line in Path(f"{wheel}.built-in").read_text().splitlines() if line]
+        with zipfile.ZipFile(wheel) as archive:
+            for member in archive.infolist():
+                data = b"" if member.is_dir() else archive.read(member)
+                found = _search_paths(data) if data.startswith(b"\x7fELF") else [data]
+                if any(path in text for path in where for text in found):
+                    return True
+    except (OSError, zipfile.BadZipFile):
         return True
-    with zipfile.ZipFile(wheel) as archive:
-        for member in archive.infolist():
-            data = b"" if member.is_dir() else archive.read(member)
-            found = _search_paths(data) if data.startswith(b"\x7fELF") else [data]
-            if any(where in path for path in found):
-                return True
-    return False
+    return not where
+
+
+# the dynamic section's entries that name files or folders the loader follows
+_DYNAMIC_PATHS = {1: "DT_NEEDED", 15: "DT_RPATH", 29: "DT_RUNPATH", 0x6ffffefb: "DT_DEPAUDIT", 0x6ffffefc: "DT_AUDIT",
+                  0x7ffffffd: "DT_AUXILIARY", 0x7fffffff: "DT_FILTER"}
 
 
 def _search_paths(elf: bytes) -> list[bytes]:
-    """The RPATH and RUNPATH of a 64-bit little-endian ELF file (Linux on x86-64 and aarch64); all of it where it
-    is another kind or does not parse, so that any mention counts."""
+    """The paths a 64-bit little-endian ELF file's dynamic section names (_DYNAMIC_PATHS); all of the file where it
+    is another kind, has no dynamic section found through its section headers, or does not parse, so that any
+    mention counts."""
     if elf[4:6] != b"\x02\x01":
         return [elf]
     try:
@@ -280,17 +315,17 @@ def _search_paths(elf: bytes) -> list[bytes]:
         shentsize, shnum = struct.unpack_from("<HH", elf, 0x3A)
         # each section header: name, type, flags, addr, offset, size, link (for .dynamic: its string table), ...
         sections = [struct.unpack_from("<IIQQQQI", elf, shoff + i * shentsize) for i in range(shnum)]
-        paths = []
+        paths, dynamic = [], False
         for _, kind, _, _, offset, size, link in sections:
             if kind != 6:  # SHT_DYNAMIC
                 continue
-            strings = sections[link][4]
+            dynamic, strings = True, sections[link][4]
             for entry in range(offset, offset + size, 16):
                 tag, value = struct.unpack_from("<qQ", elf, entry)
-                if tag in (15, 29):  # DT_RPATH, DT_RUNPATH
+                if tag in _DYNAMIC_PATHS:
                     start = strings + value
                     paths.append(elf[start:elf.index(b"\0", start)])
-        return paths
+        return paths if dynamic else [elf]
     except (struct.error, IndexError, ValueError, OverflowError):
         return [elf]
 
