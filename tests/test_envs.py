@@ -173,7 +173,7 @@ def test_the_pip_layer_is_compiled_by_the_build_for_either_installer(small_recip
     assert reused[1] > 0 if installer == "uv" else reused[1] == 0, said  # pip copies files: nothing to link
 
 
-COMPILED_SETUP = """import os, sys
+COMPILED_SETUP = """import os, sys, time
 from setuptools import setup
 home = os.environ["HPCAI_TEST_LIB_HOME"]
 with open("hpcai_test_compiled.py", "w") as module:  # with the prefix's path in it where the test says so
@@ -181,6 +181,7 @@ with open("hpcai_test_compiled.py", "w") as module:  # with the prefix's path in
 if "bdist_wheel" in sys.argv:  # one line per time it is built, with the prefix it was built against
     with open(os.environ["HPCAI_TEST_COMPILES"], "a") as out:
         out.write(home + "\\n")
+    time.sleep(float(os.environ.get("HPCAI_TEST_COMPILE_SECONDS", "0")))  # as long as a compiler would take
 setup(name="hpcai-test-compiled", version="1.0", py_modules=["hpcai_test_compiled"])
 """
 
@@ -192,9 +193,13 @@ def test_bytecode_of_another_python_does_not_count(tmp_path: Path) -> None:
     (site / "__pycache__").mkdir(parents=True)
     (site / "mod.py").write_text("x = 1\n")
     (site / "__pycache__" / "mod.cpython-39.pyc").write_bytes(b"not this python's")
+    before = tmp_path / "before" / "lib" / "python3.11" / "site-packages"
+    (before / "__pycache__").mkdir(parents=True)
+    os.link(site / "mod.py", before / "mod.py")  # the same source, as uv links it into both builds
+    (before / "__pycache__" / "mod.cpython-39.pyc").write_bytes(b"an older python's")
     log = tmp_path / "build.log"
     log.write_text("")
-    assert pip.compile_bytecode(Path(sys.executable), tmp_path / "prefix", None, log) == 0
+    assert pip.compile_bytecode(Path(sys.executable), tmp_path / "prefix", tmp_path / "before", log) == 0
     assert (site / "__pycache__" / f"mod.{sys.implementation.cache_tag}.pyc").exists()
 
 
@@ -250,6 +255,9 @@ def test_a_package_built_against_the_prefix_is_compiled_again_only_where_it_must
     assert compiles.read_text().split() == ([str(first), str(second)] if embeds else [str(first)])
     third = build(text.replace("hpcai-test-lib=1.0", "hpcai-test-lib=2.0"), rebuild=True)
     assert compiles.read_text().split()[-1] == str(third)
+    cache = tmp_path / "cache" / "compiled-wheels"
+    assert not [p.name for p in cache.iterdir() if p.is_dir() and "-for-" in p.name]  # each build's own is gone
+    assert len(list(cache.glob("*/*.whl"))) == 2  # the first build's, then the new conda layer's
 
 
 def test_two_builds_at_once_compile_once(conda_channel: Path, env_store: EnvStore, tmp_path: Path,
@@ -259,21 +267,24 @@ def test_two_builds_at_once_compile_once(conda_channel: Path, env_store: EnvStor
     results: dict[str, Path | BaseException] = {}
     for name in ("twin-a", "twin-b"):
         (tmp_path / f"{name}.yaml").write_text(_compiled_recipe(conda_channel, tmp_path, monkeypatch, name))
+    monkeypatch.setenv("HPCAI_TEST_COMPILE_SECONDS", "8")  # the second reaches the pip phase while the first compiles
 
     def build(name: str) -> None:
         recipe = tmp_path / f"{name}.yaml"
         try:
-            results[name] = Builder(load_recipe(recipe), store=env_store).run().build.prefix
+            results[name] = Builder(load_recipe(recipe), store=env_store).run().log  # type: ignore[assignment]
         except BaseException as err:  # noqa: BLE001 - reported by the assertion below
             results[name] = err
 
-    threads = [threading.Thread(target=build, args=(name,)) for name in ("twin-a", "twin-b")]
+    threads = [threading.Thread(target=build, args=(name,), daemon=True) for name in ("twin-a", "twin-b")]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=600)
     assert all(isinstance(r, Path) for r in results.values()) and len(results) == 2, results
     assert len((tmp_path / "compiles.txt").read_text().split()) == 1
+    waited = [r for r in results.values() if "waiting for another build compiling the same wheels" in r.read_text()]
+    assert len(waited) == 1, "the two builds did not meet at the compile: the test saw nothing"
 
 
 def test_a_wheel_holds_its_prefix_only_where_a_process_follows_it(tmp_path: Path) -> None:
@@ -309,7 +320,7 @@ def test_a_wheel_holds_its_prefix_only_where_a_process_follows_it(tmp_path: Path
     assert pip.holds_where_built(wheel("no-sections", {"pkg/lib.so": no_sections}))
     (prefix / "lib").mkdir()
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(prefix / "lib" / "libdep.so"), str(tmp_path / "lib.c"),
-                    f"-I{prefix / 'include'}"], check=True, timeout=60)  # no soname: linked by its path, it is needed so
+                    f"-I{prefix / 'include'}"], check=True, timeout=60)  # no soname: needed by its path
     needing = shared_object("-Wl,--no-as-needed", str(prefix / "lib" / "libdep.so"))
     assert pip.holds_where_built(wheel("needed", {"pkg/lib.so": needing}))
     cut = wheel("cut", {"pkg/__init__.py": b""})

@@ -100,6 +100,17 @@ def test_a_signal_in_the_servers_last_instant_keeps_the_servers_exit_status(tmp_
         assert job.wait(timeout=30) == 3
 
 
+def test_a_server_whose_status_goes_unrecorded_ends_the_job_with_waits(tmp_path: Path) -> None:
+    """The subshell that records the server's status killed (nothing recorded): the job ends with wait's status for
+    it (137)."""
+    path = tmp_path / "job.sh"
+    path.write_text(_render(60, ["bash", "-c", "kill -KILL $PPID; exit 3"], home=str(tmp_path)))
+    for _ in range(3):
+        job = subprocess.run(["bash", str(path)], env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "77"}, timeout=30,
+                             capture_output=True, text=True)
+        assert job.returncode == 128 + signal.SIGKILL, job.stderr
+
+
 def test_profile_setting_overrides_the_spawner() -> None:
     assert Profile(name="p", partition="gpu", walltime_warning=0).walltime_warning == 0
     with pytest.raises(ValueError):

@@ -15,7 +15,7 @@ import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar
 
 from ..errors import HPCAIError
 from ..paths import replace_text
@@ -241,10 +241,11 @@ def compiled_wheels(python: Path, requirements: list[str], *, folder: Path, env:
     toolchain, conda layer): a pinned line with its wheel there is not built again, unless one of those wheels holds
     the path of the prefix it was built in (an rpath into a build deleted later); then every line is built for this
     prefix alone, in a folder deleted after the install. A build into the cache, and the install from it, hold the
-    key's lock: two builds of one key compile once. pip's own cache is not used (it knows only the source)."""
+    key's lock (where the cache's file system has locks): two builds of one key that the cache serves compile
+    once. pip's own cache is not used (it knows only the source)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(folder.parent / f"{folder.name}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        _lock(lock, log)
         if not any(holds_where_built(w) for line in requirements for w in _wheels(folder, line)):
             missing = [line for line in requirements if not _wheels(folder, line)]
             if missing:
@@ -254,6 +255,22 @@ def compiled_wheels(python: Path, requirements: list[str], *, folder: Path, env:
     with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f"{folder.name}-for-") as own:
         _build_wheels(python, requirements, folder=Path(own), env=env, log=log, prefix=prefix)
         yield Path(own)
+
+
+def _lock(lock: IO[str], log: Path) -> None:
+    """Take ``lock``; the log says so while another build holds it, and goes on without it where the file system
+    has no locks (some parallel file systems)."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        with open(log, "a") as out:
+            out.write(f"waiting for another build compiling the same wheels (it holds {lock.name})\n")
+    except OSError as err:
+        with open(log, "a") as out:
+            out.write(f"compiled wheels: no lock on {lock.name} ({err.strerror}); going on without\n")
+        return
+    fcntl.flock(lock, fcntl.LOCK_EX)
 
 
 def _wheels(folder: Path, line: str) -> list[Path]:
@@ -282,10 +299,11 @@ def _build_wheels(python: Path, requirements: list[str], *, folder: Path, env: M
 
 def holds_where_built(wheel: Path) -> bool:
     """Whether ``wheel`` holds the path of the prefix it was built in (recorded beside it, as given and resolved; a
-    wheel with no record, or not whole, counts as holding it) where a process would follow it: in the paths of an
+    wheel with no record counts as holding it) where a process would follow it: in the paths of an
     ELF file's dynamic section (rpath, runpath, needed libraries), or anywhere in any other file. The rest of an
-    ELF file is not searched: its debug info names the headers it was compiled with (Horovod: TensorFlow's, in the
-    prefix), which only a debugger reads."""
+    ELF file is not searched, by choice: its debug info names the headers it was compiled with (Horovod:
+    TensorFlow's, in the prefix), which only a debugger reads; a path compiled into its data (a dlopen of an absolute
+    path) is missed. A wheel that cannot be read whole counts as holding it."""
     try:
         where = [line.encode() for line in Path(f"{wheel}.built-in").read_text().splitlines() if line]
         with zipfile.ZipFile(wheel) as archive:
@@ -294,7 +312,7 @@ def holds_where_built(wheel: Path) -> bool:
                 found = _search_paths(data) if data.startswith(b"\x7fELF") else [data]
                 if any(path in text for path in where for text in found):
                     return True
-    except (OSError, zipfile.BadZipFile):
+    except Exception:  # noqa: BLE001 - unreadable, not whole, or not a zip archive: built again
         return True
     return not where
 

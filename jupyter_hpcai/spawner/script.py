@@ -25,8 +25,8 @@ export HPCAI_START_ENGINES={start_engines}
 # The server runs in the background: bash runs a trap only between commands, and ``wait`` returns early for
 # each trapped signal while the server goes on. The server's exit status comes through a file its own subshell
 # writes: where the server ends while a trap runs, bash (5.2) loses it and ``wait`` says 138 or 255 (``wait``'s
-# status stands only where the file is not there, e.g. that subshell itself was killed). The job's private folder is where the kernels and the side
-# panel look; at the shell's exit (the server's end, the walltime, scancel: Slurm's SIGTERM), the engines that
+# status stands only where the file holds no number, e.g. that subshell itself was killed). The job's private
+# folder is where the kernels and the side panel look; at the shell's exit (the server's end, the walltime, scancel: Slurm's SIGTERM), the engines that
 # outlived their kernel are stopped: their parent gone, they are no longer the job's to Slurm's process
 # tracking (engines/listing.py records their pids; a pid counts only while it is this job's process).
 SUPERVISED = """export HPCAI_JOB_STATE={state}/"$SLURM_JOB_ID"
@@ -43,9 +43,10 @@ trap hpcai_job_end EXIT
 {signal_trap}mkdir -p -m 700 {state} "$HPCAI_JOB_STATE"
 {{ status=0; {cmd} || status=$?; echo "$status" > "$HPCAI_JOB_STATE/server-status" || true; exit "$status"; }} &
 server=$!
-{warm}while kill -0 "$server" 2>/dev/null; do
+{warm}while true; do
   status=0
   wait "$server" || status=$?
+  kill -0 "$server" 2>/dev/null || break
 done
 recorded=$(cat "$HPCAI_JOB_STATE/server-status" 2>/dev/null || true)
 if [[ $recorded =~ ^[0-9]+$ ]]; then status=$recorded; fi
