@@ -107,7 +107,7 @@ class Installer:
 
 class Pip(Installer):
     """The prefix's own pip. It writes no bytecode: the build does that after either installer (compile_bytecode,
-    on every core), where pip's own compiled the whole layer again, one file at a time."""
+    on every core), where pip compiled the layer one file at a time."""
 
     name = "pip"
 
@@ -317,9 +317,9 @@ def holds_where_built(wheel: Path) -> bool:
     return not where
 
 
-# the dynamic section's entries that name files or folders the loader follows
-_DYNAMIC_PATHS = {1: "DT_NEEDED", 15: "DT_RPATH", 29: "DT_RUNPATH", 0x6ffffefb: "DT_DEPAUDIT", 0x6ffffefc: "DT_AUDIT",
-                  0x7ffffffd: "DT_AUXILIARY", 0x7fffffff: "DT_FILTER"}
+# the dynamic section's entries that name files or folders the loader follows: DT_NEEDED, DT_RPATH, DT_RUNPATH,
+# DT_DEPAUDIT, DT_AUDIT, DT_AUXILIARY, DT_FILTER
+_DYNAMIC_PATHS = frozenset({1, 15, 29, 0x6ffffefb, 0x6ffffefc, 0x7ffffffd, 0x7fffffff})
 
 
 def _search_paths(elf: bytes) -> list[bytes]:

@@ -26,9 +26,10 @@ export HPCAI_START_ENGINES={start_engines}
 # each trapped signal while the server goes on. The server's exit status comes through a file its own subshell
 # writes: where the server ends while a trap runs, bash (5.2) loses it and ``wait`` says 138 or 255 (``wait``'s
 # status stands only where the file holds no number, e.g. that subshell itself was killed). The job's private
-# folder is where the kernels and the side panel look; at the shell's exit (the server's end, the walltime, scancel: Slurm's SIGTERM), the engines that
-# outlived their kernel are stopped: their parent gone, they are no longer the job's to Slurm's process
-# tracking (engines/listing.py records their pids; a pid counts only while it is this job's process).
+# folder is where the kernels and the side panel look; at the shell's exit (the server's end, the walltime,
+# scancel: Slurm's SIGTERM), the engines that outlived their kernel are stopped: their parent gone, they are no
+# longer the job's to Slurm's process tracking (engines/listing.py records their pids; a pid counts only while it
+# is this job's process).
 SUPERVISED = """export HPCAI_JOB_STATE={state}/"$SLURM_JOB_ID"
 hpcai_job_end() {{
   for record in "$HPCAI_JOB_STATE"/engines/*; do
