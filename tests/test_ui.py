@@ -18,6 +18,20 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
+ESCAPE = "import(process.argv[1]).then(m => process.stdout.write(m.escape(process.argv[2])))"
+
+
+def test_the_panel_escapes_text_for_attributes_too() -> None:
+    """The side panel writes text from outside into element text and into quoted attributes (an engine set's id in
+    data-cluster="..."): its escape covers both, quotes included. Run as built (labextension/lib, made by the
+    install)."""
+    built = Path(__file__).resolve().parents[1] / "labextension" / "lib" / "escape.js"
+    hostile = """x" onmouseover="alert(1)" data-x='<img src=y onerror=alert(2)>&"""
+    done = subprocess.run(["node", "-e", ESCAPE, str(built), hostile], capture_output=True, text=True, timeout=60)
+    assert done.stdout == ("x&quot; onmouseover=&quot;alert(1)&quot; data-x=&#39;&lt;img src=y onerror=alert(2)&gt;"
+                           "&amp;"), done
+
+
 def test_rest_handlers_outside_a_job(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_JOB")}
     with jupyter_server(tmp_path, env={**env, "IPYTHONDIR": str(tmp_path / "ipython")}) as server:

@@ -11,6 +11,8 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 
+import { escape } from './escape';
+
 interface IAllocation {
   in_job: boolean;
   job_id?: string;
@@ -139,11 +141,6 @@ export function formatSeconds(total: number): string {
   return days ? `${days}-${clock}` : clock;
 }
 
-function escape(text: string): string {
-  const div = document.createElement('div');
-  div.textContent = text;
-  return div.innerHTML;
-}
 
 class AllocationPanel extends Widget {
   private _allocation: IAllocation | null = null;
