@@ -546,24 +546,27 @@ def site() -> None:
 @click.option("--site-config", type=click.Path(dir_okay=False, path_type=Path), default=paths.SITE_CONFIG,
               show_default=True, help="Where the site config goes (kernels and hpcai read it; HPCAI_CONFIG elsewhere).")
 @click.option("--bind-url", default="http://127.0.0.1:8000", show_default=True,
-              help="The hub's URL (JupyterHub.bind_url): https, or loopback http behind a TLS proxy.")
+              help="Where the hub listens (JupyterHub.bind_url): https, or loopback http behind a TLS proxy.")
+@click.option("--public-url", default="", help="The URL users open, https://HOST[:PORT]; each user's server gets "
+              "<user>.HOST (JupyterHub.subdomain_host) [default: the bind URL's host when it names one, else "
+              "https:// and this host's full name].")
 @click.option("--allowed-group", "allowed_groups", multiple=True,
               help="A unix group whose members may log in (repeat for more) [default: none yet: nobody].")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=STATE_DIR,
               show_default=True, help="The hub's database, cookie secret and proxy pid file (made 0700).")
 @click.option("--env-root", "env_roots", multiple=True, type=click.Path(file_okay=False, path_type=Path),
               help="A folder of site environments (repeat for more) [default: the current site roots].")
-@click.option("--force", is_flag=True, help="Replace existing files (each kept as FILE.bak).")
+@click.option("--force", is_flag=True, help="Replace existing files (each kept as FILE.YYYYmmdd-HHMMSS.bak).")
 @click.option("--print", "show", is_flag=True, help="Print both files instead of writing them.")
-def site_init(hub_config: Path, site_config: Path, bind_url: str, allowed_groups: tuple[str, ...], state_dir: Path,
-              env_roots: tuple[Path, ...], force: bool, show: bool) -> None:
+def site_init(hub_config: Path, site_config: Path, bind_url: str, public_url: str, allowed_groups: tuple[str, ...],
+              state_dir: Path, env_roots: tuple[Path, ...], force: bool, show: bool) -> None:
     """Write the hub's config and the site config for this cluster: the hub's address on the nodes' network and
     profiles from the GPU partitions (sinfo) filled in, every HPCSlurmSpawner setting listed commented with its
     help. Review the lines marked EDIT, then run: hpcai site check --config HUB_CONFIG --user SOMEONE."""
     from . import siteinit
 
     site = siteinit.detect(bind_url, state_dir.absolute(), [r.absolute() for r in env_roots] or paths.site_env_roots(),
-                           list(allowed_groups))
+                           list(allowed_groups), public_url)
     files = [(hub_config, siteinit.hub_config(site), 0o600), (site_config, siteinit.site_config(site), 0o644)]
     if show:
         for path, text, _ in files:
@@ -578,6 +581,7 @@ def site_init(hub_config: Path, site_config: Path, bind_url: str, allowed_groups
                       "run again with --allowed-group GROUP --force)")
     console.print(f"hub address on the nodes' network: {esc(site.hub_ip)} (route to {esc(site.first_node)}); "
                   f"profiles from: {esc(', '.join(p.name for p in site.partitions))}")
+    console.print(f"one origin per user: {esc(siteinit.origins(site.public_url))}")
     console.print(f"next: review the EDIT lines, then hpcai site check --config {esc(hub_config)} --user SOMEONE; "
                   f"start the hub with: jupyterhub -f {esc(hub_config)}")
 
@@ -631,7 +635,8 @@ def demo(check: bool, stop: bool) -> None:
         return
     with timed(_say, "ready"):
         hub = prepare(_say)
-    console.print(f"\n[bold]JupyterHub: {esc(hub.url)}[/]  (reach it with: ssh -L 8000:127.0.0.1:{hub.port} this-host)")
+    console.print(f"\n[bold]JupyterHub: {esc(hub.url)}[/]  (from your machine: ssh -L {hub.port}:127.0.0.1:{hub.port} "
+                  "this-host, then open that URL: browsers resolve *.localhost to loopback)")
     console.print(f"[bold]login:[/] {DEMO_USER}   [bold]password:[/] {esc(hub.password)}   (hub log: {esc(hub.log)})")
     console.print("Pick the profile '2 nodes x 2 GPUs': JupyterLab opens demo.ipynb (a copy of examples/demo.ipynb in "
                   "your home); run its cells. Stop it all with: hpcai demo --stop")

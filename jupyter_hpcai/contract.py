@@ -128,6 +128,8 @@ _ROWS = [
     Variable("HPCAI_HUB_DIR", ("cli", "user", "tests"), ("hub", "cli"),
              "the demo hub's state: database, secrets, pid files, log (default /var/lib/hpcai/hub)"),
     Variable("HPCAI_HUB_PORT", ("cli", "user", "tests"), ("hub", "cli"), "the demo hub's public port (default 8000)"),
+    Variable("HPCAI_HUB_HOST", ("cli", "tests"), ("hub",), "the demo hub's host name (default hub.localhost); each "
+             "user's server is at <user>.<that name>, an origin of its own"),
     Variable("HPCAI_HUB_INTERNAL_PORT", ("cli", "tests"), ("hub",),
              "the demo hub's API port, where the servers reach it (default HPCAI_HUB_PORT + 1)"),
     Variable("HPCAI_PROXY_API_PORT", ("cli", "tests"), ("hub",),

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -31,7 +32,9 @@ from .paths import open_private, private_dir, write_private
 from .proc import run, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
+DEMO_CONFIG = REPO / "spawner_config" / "demo_config.py"
 DEMO_USER = "hpcai-demo"
+HUB_HOST = "hub.localhost"  # the demo hub's name (each user's server on <user>.hub.localhost): browsers resolve it
 Say = Callable[[str], None]
 
 
@@ -39,26 +42,28 @@ class HubProcess:
     """JupyterHub with spawner_config/demo_config.py, as a process of its own (it outlives this command)."""
 
     def __init__(self, state: Path, port: int, internal_port: int | None = None, proxy_api_port: int | None = None,
-                 password: str = "", token: str = "", users: tuple[str, ...] = (DEMO_USER,)) -> None:
-        self.state, self.port, self.users = state, port, users
+                 password: str = "", token: str = "", users: tuple[str, ...] = (DEMO_USER,),
+                 config: Path = DEMO_CONFIG) -> None:
+        self.state, self.port, self.users, self.config = state, port, users, config
         # unset: from the environment (the tests choose free ports), else next to the public port
         self.internal_port = internal_port or int(os.environ.get("HPCAI_HUB_INTERNAL_PORT") or port + 1)
         self.proxy_api_port = proxy_api_port or int(os.environ.get("HPCAI_PROXY_API_PORT") or port + 2)
-        self.url = f"http://127.0.0.1:{port}"
+        self.host = HUB_HOST
+        self.url = f"http://{self.host}:{port}"  # what a browser opens; the users' servers on subdomains of it
         self.password, self.token = password, token
         self.log = state / "hub.log"
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "HPCAI_HUB_DIR": str(self.state), "HPCAI_HUB_PORT": str(self.port),
                 "HPCAI_HUB_INTERNAL_PORT": str(self.internal_port), "HPCAI_PROXY_API_PORT": str(self.proxy_api_port),
-                "HPCAI_HUB_API_TOKEN": self.token, "HPCAI_DEMO_PASSWORD": self.password,
+                "HPCAI_HUB_HOST": self.host, "HPCAI_HUB_API_TOKEN": self.token, "HPCAI_DEMO_PASSWORD": self.password,
                 "HPCAI_DEMO_USERS": ",".join(self.users)}
 
     def start(self) -> subprocess.Popen[bytes]:
         private_dir(self.state)
         with open_private(self.log, "a") as out:
-            proc = subprocess.Popen([str(Path(sys.executable).parent / "jupyterhub"), "-f",
-                                     str(REPO / "spawner_config" / "demo_config.py")], cwd=self.state, env=self.env(),
+            proc = subprocess.Popen([str(Path(sys.executable).parent / "jupyterhub"), "-f", str(self.config)],
+                                    cwd=self.state, env=self.env(),
                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         (self.state / "hub.pid").write_text(str(proc.pid))
         wait_until(lambda: self.answers() or proc.poll() is not None, timeout=120, what="the hub to answer")
@@ -103,6 +108,15 @@ class HubProcess:
 
         return wait_until(ready, timeout=timeout, what=f"{user}'s server to be ready")
 
+    def user_url(self, user: str, server: str = "") -> str:
+        """The URL of ``user``'s server (``server``: a named one) as the hub names it, without the trailing slash: on
+        the user's own origin (subdomain_host), or below the hub's where a config serves all on one."""
+        found = (self.api("GET", f"/users/{user}")[1] or {}).get("servers", {}).get(server)
+        if not found:
+            raise HPCAIError(f"{user} has no server {server!r} on this hub", f"start it first; see {self.log}")
+        url = str(found["url"]).rstrip("/")
+        return url if "://" in url else f"http://{self.host}:{self.port}{url}"
+
     def stop_server(self, user: str) -> None:
         self.api("DELETE", f"/users/{user}/server")
         wait_until(lambda: self.server(user) is None, timeout=120, what=f"{user}'s server to stop")
@@ -124,10 +138,22 @@ def _running(pid: int, program: str) -> bool:
     return program.encode() in cmdline and state != "Z"
 
 
+def loopback(url: str) -> tuple[str, dict[str, str]]:
+    """``url`` as this host opens it, and the Host header it needs: a ``*.localhost`` name (the demo hub's, and each
+    user's origin below it) is loopback, as browsers resolve it; the C library does not resolve it."""
+    parts = urllib.parse.urlsplit(url)
+    name = parts.hostname or ""
+    if name != "localhost" and not name.endswith(".localhost"):
+        return url, {}
+    return parts._replace(netloc=f"127.0.0.1:{parts.port or 80}").geturl(), {"Host": parts.netloc}
+
+
 def request(url: str, token: str, method: str = "GET", body: Any = None) -> tuple[int, Any]:
     """A JSON request with a token header (never in the URL): (status, decoded body; {"message": text} when not JSON)."""
+    url, host = loopback(url)
     req = urllib.request.Request(url, method=method, data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
+                                 headers={"Authorization": f"token {token}", "Content-Type": "application/json",
+                                          **host})
     try:
         with urllib.request.urlopen(req, timeout=120) as resp:
             raw = resp.read()
@@ -145,8 +171,8 @@ async def execute(base_url: str, token: str, kernel_id: str, code: str, timeout:
     from tornado.httpclient import HTTPRequest
     from tornado.websocket import websocket_connect
 
-    ws_url = base_url.replace("http", "ws", 1) + f"/api/kernels/{kernel_id}/channels"
-    conn = await websocket_connect(HTTPRequest(ws_url, headers={"Authorization": f"token {token}"}))
+    ws_url, host = loopback(base_url.replace("http", "ws", 1) + f"/api/kernels/{kernel_id}/channels")
+    conn = await websocket_connect(HTTPRequest(ws_url, headers={"Authorization": f"token {token}", **host}))
     msg_id = uuid.uuid4().hex
     conn.write_message(json.dumps({
         "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "hpcai", "session": uuid.uuid4().hex,
@@ -377,7 +403,7 @@ def check(hub: HubProcess, say: Say) -> int:
         nodes = slurm.expand_hostlist(job.get("NodeList", ""))
         step("server ready", job.get("JobState") == "RUNNING" and len(nodes) == 2,
              f"Slurm job {job.get('JobId', '(none)')} {job.get('JobState', 'not found').lower()} on {', '.join(nodes)}")
-        base, token = f"{hub.url}/user/{DEMO_USER}", hub.user_token(DEMO_USER)
+        base, token = hub.user_url(DEMO_USER), hub.user_token(DEMO_USER)
         kernel = request(f"{base}/api/kernels", token, "POST", {"name": "hpcai-tf-horovod-cpu"})[1] or {}
         step("open a kernel from the tf-horovod-cpu env", "id" in kernel, kernel.get("message", ""))
         if "id" not in kernel:

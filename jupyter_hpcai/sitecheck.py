@@ -1,5 +1,5 @@
 """``hpcai site check``: the admin's doctor, run on the hub host with the hub's config. Each check passes or fails
-with what to do: the hub's config (batchspawner's settings), the Slurm client and munge, the commands the hub
+with what to do: the hub's config (batchspawner's settings; one origin per user), the Slurm client and munge, the commands the hub
 runs as a user (exec_prefix), the proxy, the site's env roots as a user reads them, and one small job as that user
 on a GPU partition: that a node reaches the hub's API address, Yama's ptrace scope there (``%hpc stacks``), and
 that Slurm hands out GPUs (gres.conf with ``File=``)."""
@@ -53,6 +53,7 @@ def _checks(config_file: Path, user: str) -> Iterator[Check]:
         yield Check("hub config", False, f"{config_file}: {err}", "fix the hub's config first")
         return
     yield Check("hub config", True, f"{config_file} loads; batchspawner's settings are all used")
+    yield _one_origin(config)
     as_user = shlex.split(spawner.exec_prefix.format(username=user))
     yield _probe("Slurm client and munge", lambda: proc.run(["scontrol", "ping"], timeout=30).stdout.strip(),
                  lambda out: "UP" in out, "start slurmctld and munged on this host, or set SLURM_CONF to the cluster's "
@@ -78,6 +79,20 @@ def _probe(name: str, probe: Callable[[], Any], good: Callable[[Any], bool], fix
     except HPCAIError as err:
         return Check(name, False, err.message, fix)
     return Check(name, good(found), str(found) if not isinstance(found, bool) else ("yes" if found else "no"), fix)
+
+
+def _one_origin(config: Any) -> Check:
+    """Each user's server on an origin of its own (subdomain_host), the hub's cookies out of their reach."""
+    hub = config.JupyterHub
+    host, prefixed = str(hub.get("subdomain_host", "")), bool(hub.get("cookie_host_prefix_enabled", False))
+    detail = (f"the hub at {host}, each user's server at <user>.{host.split('://')[-1]}" if host else
+              "every user's server on the hub's own origin: a page one user serves runs as the hub's for whoever "
+              "opens it, and can take their account")
+    if host and not prefixed:
+        detail += "; but the hub's cookies lack the __Host- prefix, so a user's origin can set them"
+    return Check("one origin per user", bool(host) and prefixed, detail,
+                 "c.JupyterHub.subdomain_host = 'https://hub.example.org' (DNS for hub.example.org and "
+                 "*.hub.example.org, a certificate for both) and c.JupyterHub.cookie_host_prefix_enabled = True")
 
 
 def _proxy(config: Any) -> Check:

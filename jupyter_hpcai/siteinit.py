@@ -5,12 +5,15 @@ GPU partitions, a non-default SLURM_CONF), and every HPCSlurmSpawner setting lis
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 import json
 import os
 import pprint
+import socket
 import stat
 import tempfile
 import textwrap
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -32,6 +35,7 @@ class Site:
     hub_ip: str
     first_node: str
     bind_url: str
+    public_url: str  # what users open: scheme://host[:port]; each user's server on <user>.host (subdomain_host)
     state_dir: Path
     partitions: list[slurm.Partition]  # those with GPUs, the default first
     env_roots: list[Path]
@@ -39,7 +43,37 @@ class Site:
     allowed_groups: list[str]  # the unix groups whose members may log in (none: nobody until the admin names them)
 
 
-def detect(bind_url: str, state_dir: Path, env_roots: list[Path], allowed_groups: list[str]) -> Site:
+def public_url(bind_url: str, given: str = "") -> str:
+    """The hub's URL as users open it (scheme://host[:port], JupyterHub's subdomain_host): ``given``, else the
+    bind URL where it names a host, else https:// and this host's full name (a loopback bind sits behind a TLS
+    proxy)."""
+    parts = urllib.parse.urlsplit(given or bind_url)
+    host = parts.hostname or ""
+    if not given:
+        try:
+            ipaddress.ip_address(host)
+            named = False
+        except ValueError:
+            named = host not in ("", "localhost")
+        if not named:
+            return f"https://{socket.getfqdn()}"
+    if parts.scheme not in ("http", "https") or not host:
+        raise HPCAIError(f"the public URL {given or bind_url!r} is not http(s)://HOST[:PORT]",
+                         "give --public-url https://hub.example.org, the name users open")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def origins(url: str) -> str:
+    """What one origin per user needs of the site, for ``url`` (the hub's public URL)."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host == "localhost" or host.endswith(".localhost"):
+        return f"the hub at {url}, each user's server at <user>.{host} (browsers resolve *.localhost themselves)"
+    return (f"the hub at {url}, each user's server at <user>.{host}: needs DNS for {host} and *.{host} (to this "
+            f"host, or its TLS proxy) and a certificate for both names (a wildcard *.{host})")
+
+
+def detect(bind_url: str, state_dir: Path, env_roots: list[Path], allowed_groups: list[str],
+           public: str = "") -> Site:
     """Ask Slurm for the GPU partitions and find this host's address on its route to their first node."""
     gpu = sorted((p for p in slurm.partitions() if p.gpus_per_node), key=lambda p: not p.default)
     if not gpu:
@@ -55,7 +89,8 @@ def detect(bind_url: str, state_dir: Path, env_roots: list[Path], allowed_groups
     except OSError as err:
         raise HPCAIError(f"this host has no route to node {first} ({address}): {err}",
                          "run site init on the hub host, which must reach the compute nodes") from None
-    return Site(hub_ip, first, bind_url, state_dir, gpu, env_roots, os.environ.get("SLURM_CONF"), allowed_groups)
+    return Site(hub_ip, first, bind_url, public_url(bind_url, public), state_dir, gpu, env_roots,
+                os.environ.get("SLURM_CONF"), allowed_groups)
 
 
 def profiles(partitions: list[slurm.Partition]) -> list[dict[str, Any]]:
@@ -75,6 +110,8 @@ def hub_config(site: Site) -> str:
                   if site.slurm_conf else "# Slurm's config: the default place (set SLURM_CONF here for another)")
     return Template((TEMPLATES / "jupyterhub_config.py.in").read_text()).substitute(
         written=_today(), first_node=site.first_node, hub_ip=repr(site.hub_ip), bind_url=repr(site.bind_url),
+        subdomain_host=repr(site.public_url), subdomain_host_text=site.public_url,
+        public_host=urllib.parse.urlsplit(site.public_url).hostname,
         slurm_conf=slurm_conf, allowed_groups=repr(set(site.allowed_groups)) if site.allowed_groups else "set()",
         state_dir=repr(str(site.state_dir)), env_keep=repr(env_keep), profiles=_python(profiles(site.partitions)),
         partitions=repr([p.name for p in site.partitions]), reference=settings_reference())

@@ -1,7 +1,8 @@
 """JupyterHub config for the dev cluster (`hpcai demo`, and the tests).
 
 Settings that differ per run come from the environment: HPCAI_HUB_DIR (state), HPCAI_HUB_PORT (and
-HPCAI_HUB_INTERNAL_PORT, HPCAI_PROXY_API_PORT; default the two ports after it),
+HPCAI_HUB_INTERNAL_PORT, HPCAI_PROXY_API_PORT; default the two ports after it), HPCAI_HUB_HOST (the hub's name,
+default hub.localhost; each user's server is at <user>.<that name>),
 HPCAI_DEMO_PASSWORD (the DummyAuthenticator's shared password), HPCAI_DEMO_USERS (the accounts that may
 log in with it, comma-separated; default hpcai-demo), HPCAI_HUB_API_TOKEN (an admin service token for
 scripts), HPCAI_HUB_LOG_LEVEL (default INFO; the tests run the hub at DEBUG, to look for secrets in all it
@@ -20,9 +21,18 @@ from jupyter_hpcai.devcluster import DevCluster
 c = get_config()  # noqa: F821
 hub_dir = os.environ.get("HPCAI_HUB_DIR", "/var/lib/hpcai/hub")
 port = int(os.environ.get("HPCAI_HUB_PORT", "8000"))
+host = os.environ.get("HPCAI_HUB_HOST", "hub.localhost")  # the hub's name; each user's is <user>.<host>
 
 c.Application.log_level = os.environ.get("HPCAI_HUB_LOG_LEVEL", "INFO")
 c.JupyterHub.bind_url = f"http://127.0.0.1:{port}"  # users come through an ssh tunnel to this host
+# One origin per user: the hub at hub.localhost, each user's server at <user>.hub.localhost. A page a user's server
+# serves cannot read the hub's pages then, nor act there as whoever opens it (on one origin it could take their
+# account). Browsers resolve every *.localhost name to loopback themselves: the tunnel needs no DNS entry.
+c.JupyterHub.subdomain_host = f"http://{host}:{port}"
+c.JupyterHub.cookie_host_prefix_enabled = True  # __Host- cookies: no user's subdomain can set the hub's
+# ... which browsers take only when marked Secure: the servers' OAuth cookies are not where they see plain http (as
+# here: browsers deem *.localhost secure), so every cookie is marked so
+c.JupyterHub.tornado_settings = {"cookie_options": {"secure": True}}
 # The hub's API listens where the servers on the nodes reach it: the login node's address on the dev cluster's
 # bridge (loopback where the nodes share this host's address). hub_connect_ip is what the servers are told.
 conf = os.environ.get("SLURM_CONF")

@@ -68,7 +68,7 @@ class Kernel:
     """A kernel of the tf env in one of the user's notebook servers, reached through the hub's proxy."""
 
     def __init__(self, hub: Hub, name: str, server: str = "") -> None:
-        self.server = Server(f"{hub.url}/user/{USER}" + (f"/{server}" if server else ""), hub.user_token(),
+        self.server = Server(hub.user_url(USER, server), hub.user_token(),
                              Path("/dev/null"))
         status, kernel = self.server.request("POST", "/api/kernels", {"name": name})
         assert status == 201, kernel
@@ -158,7 +158,7 @@ def test_walltime_signal_checkpoints_and_the_next_job_resumes(hub: Hub, tf_kerne
     trainer.start()
     with sync_playwright() as p:  # meanwhile, in JupyterLab: the side panel's notification at the signal
         browser, page = logged_in_page(p, hub)
-        page.goto(f"{hub.url}/user/{USER}/lab")
+        page.goto(f"{hub.user_url(USER)}/lab")
         page.click('li[data-id="hpcai-panel"]', timeout=120_000)
         toast = page.wait_for_selector("text=the walltime signal came", timeout=170_000)
         assert f"Slurm job {job} reaches its walltime" in toast.inner_text()
@@ -259,7 +259,7 @@ def test_extend_within_the_site_policy_and_refusals(hub: Hub, tf_kernelspec: str
 
     with sync_playwright() as p:  # the side panel's button, as a user clicks it
         browser, page = logged_in_page(p, hub)
-        page.goto(f"{hub.url}/user/{USER}/lab")
+        page.goto(f"{hub.user_url(USER)}/lab")
         page.click('li[data-id="hpcai-panel"]', timeout=120_000)
         page.click("#hpcai-panel .hpcai-extend-button", timeout=60_000)
         page.wait_for_selector("#hpcai-panel .hpcai-extend-result:has-text('Extended: time limit 02:00:00')",
@@ -302,7 +302,7 @@ def test_engines_outlive_their_kernel_and_another_kernel_attaches(hub: Hub, tf_k
     assert _engine_processes()  # no kernel, the engines go on
     with sync_playwright() as p:  # the side panel lists them as used by no kernel, and stops them
         browser, page = logged_in_page(p, hub)
-        page.goto(f"{hub.url}/user/{USER}/lab")
+        page.goto(f"{hub.user_url(USER)}/lab")
         page.click('li[data-id="hpcai-panel"]', timeout=120_000)
         page.wait_for_selector("#hpcai-panel .hpcai-detached:has-text('%hpc attach hpcai-')", timeout=60_000)
         ARTIFACTS.mkdir(exist_ok=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 import subprocess
 import threading
@@ -16,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.error import HTTPError
-from urllib.request import Request, urlopen
 
 import pytest
 
+from helpers.hub import progress_events
 from helpers.jupyter import Server
 from jupyter_hpcai import slurm
 from jupyter_hpcai.errors import HPCAIError
@@ -121,17 +120,12 @@ def _spawn_page(hub, user: str, done: threading.Event) -> list[str]:  # type: ig
     """What ``user``'s spawn page shows: the messages of the hub's progress stream, read as the page reads it
     (again after a hub restart), until the server is ready or failed, or ``done``."""
     messages: list[str] = []
-    request = Request(f"{hub.url}/hub/api/users/{user}/server/progress",
-                      headers={"Authorization": f"token {hub.token}", "Accept": "text/event-stream"})
     while not done.is_set():
         with contextlib.suppress(HTTPError, OSError):  # not starting yet (404, 400), or the hub restarting
-            with urlopen(request, timeout=60) as stream:
-                for line in stream:
-                    if line.startswith(b"data:"):
-                        event = json.loads(line[5:])
-                        messages.append(event.get("message", ""))
-                        if event.get("ready") or event.get("failed"):
-                            return messages
+            for event in progress_events(hub, user):
+                messages.append(event.get("message", ""))
+                if event.get("ready") or event.get("failed"):
+                    return messages
         done.wait(0.5)
     return messages
 
@@ -236,7 +230,7 @@ def _storm(hub, users: tuple[str, ...], mid_storm: MidStorm | None = None) -> tu
 def _unreached(hub, user: str, status: int, body: Any) -> str:  # type: ignore[no-untyped-def]
     """What the hub, its proxy, Slurm and the hub's log say of ``user``'s server that did not answer (a failure's
     message)."""
-    route = hub.api("GET", "/proxy")[1].get(f"/user/{user}/")
+    route = hub.route(user)
     jobs = subprocess.run(["squeue", "--noheader", "--format=%i %T %N %S", f"--user={user}"], capture_output=True,
                           text=True, timeout=30).stdout
     log = [line for line in hub.log.read_text(errors="replace").splitlines()
@@ -293,7 +287,7 @@ def test_forty_users_at_once(devcluster, tmp_path: Path, bench: list[str]) -> No
                            what="the hub to notice the killed job")
                 for user in USERS:  # every other server still attached: the proxy reaches it, as its user
                     if user != victim:
-                        server = Server(f"{hub.url}/user/{user}", hub.user_token(user), Path("/dev/null"))
+                        server = Server(hub.user_url(user), hub.user_token(user), Path("/dev/null"))
                         status, body = server.request("GET", "/api/status")
                         assert status == 200, _unreached(hub, user, status, body)
                 owners = subprocess.run(["squeue", "--noheader", "--format=%u", "--states=PENDING,RUNNING",

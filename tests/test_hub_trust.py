@@ -112,7 +112,7 @@ def test_a_server_reports_its_port_and_sets_nothing_else(devcluster: DevCluster,
     # control: the port her server reported at start is the one the hub reaches it at, and her server holds it
     status, _ = hub.api("GET", f"/users/{USER}")
     assert status == 200 and after["ready"]
-    target = urllib.parse.urlsplit(hub.api("GET", "/proxy")[1][f"/user/{USER}/"]["target"])
+    target = urllib.parse.urlsplit(hub.route(USER)["target"])
     holders = _listening_uids(devcluster, str(target.hostname), int(target.port or 0))
     attack("alice's route leads to a port her server does not hold", holders == {pwd.getpwnam(USER).pw_uid},
            f"{target.netloc} is listened on by uids {sorted(holders)}")

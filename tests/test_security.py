@@ -30,9 +30,10 @@ from urllib.parse import urlsplit
 import pytest
 
 from helpers.record import attack
-from helpers.hub import BOB, USER, Hub, as_user, ensure_user
+from helpers.hub import BOB, USER, Hub, as_user, ensure_user, progress_events
 from helpers.jupyter import Server, execute
 from jupyter_hpcai import paths
+from jupyter_hpcai.demo import loopback
 from jupyter_hpcai.proc import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -155,18 +156,12 @@ def _failed_spawn(hub: Hub, target: Path) -> Spawned:
 
 
 def _progress_until_failed(hub: Hub, timeout: float = 120) -> list[str]:
-    req = urllib.request.Request(f"{hub.url}/hub/api/users/{USER}/server/progress",
-                                 headers={"Authorization": f"token {hub.token}"})
     messages = []
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            for raw in resp:
-                line = raw.decode(errors="replace").strip()
-                if line.startswith("data:"):
-                    event = json.loads(line[5:])
-                    messages.append(event.get("message", ""))
-                    if event.get("failed") or event.get("ready"):
-                        break
+        for event in progress_events(hub, USER, timeout):
+            messages.append(event.get("message", ""))
+            if event.get("failed") or event.get("ready"):
+                break
     except urllib.error.HTTPError as err:  # the spawn ended before the stream opened
         messages.append(err.read().decode(errors="replace"))
     return messages
@@ -280,13 +275,13 @@ def alice(hub: Hub, bob: str) -> Iterator[dict]:  # type: ignore[type-arg]
     assert status in (201, 202), body
     hub.wait_ready()
     token = hub.user_token(USER)
-    server = Server(f"{hub.url}/user/{USER}", token, Path("/dev/null"))
+    server = Server(hub.user_url(USER), token, Path("/dev/null"))
     status, kernel = server.request("POST", "/api/kernels", {"name": "python3"})
     assert status == 201, kernel
     result = asyncio.run(execute(server, kernel["id"], ALICE_PROBE, timeout=240))
     assert result["status"] == "ok", result
     probe = json.loads(next(ln for ln in result["stdout"].splitlines() if ln.startswith("PROBE "))[6:])
-    target = hub.api("GET", "/proxy")[1][f"/user/{USER}/"]["target"]
+    target = hub.route(USER)["target"]
     yield {**probe, "server": target, "alice_token": token}
     server.request("DELETE", f"/api/kernels/{kernel['id']}")
     hub.stop_server()
@@ -349,20 +344,22 @@ def test_bob_cannot_drive_alices_engines_with_a_wrong_key(alice: dict, bob: str,
 
 def _get(url: str, token: str | None) -> tuple[int, str]:
     """GET without following redirects (a redirect to the hub's login is a refusal)."""
+    url, host = loopback(url)
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
-    conn.request("GET", parts.path, headers={"Authorization": f"token {token}"} if token else {})
+    conn.request("GET", parts.path, headers={**host, **({"Authorization": f"token {token}"} if token else {})})
     resp = conn.getresponse()
     return resp.status, resp.read().decode(errors="replace")
 
 
 def test_bob_cannot_reach_alices_server_or_its_hpcai_api(alice: dict, hub: Hub, bob: str) -> None:  # type: ignore[type-arg]
     api = f"/user/{USER}/hpcai/api/allocation"
-    status, body = _get(f"{hub.url}{api}", alice["alice_token"])
+    proxied = f"{hub.user_url(USER)}/hpcai/api/allocation"  # through the proxy, at her server's own origin
+    status, body = _get(proxied, alice["alice_token"])
     assert status == 200 and alice["job"] in body, (status, body)  # control: alice's token reaches it
     bob_token = hub.user_token(bob)
-    for what, url, token in (("through the proxy with bob's own token", f"{hub.url}{api}", bob_token),
-                             ("through the proxy with no token", f"{hub.url}{api}", None),
+    for what, url, token in (("through the proxy with bob's own token", proxied, bob_token),
+                             ("through the proxy with no token", proxied, None),
                              ("directly at the server's address", f"{alice['server']}{api}", None),
                              ("directly with bob's token", f"{alice['server']}{api}", bob_token),
                              ("its Jupyter API directly", f"{alice['server']}/user/{USER}/api/kernels", None)):

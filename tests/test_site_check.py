@@ -1,5 +1,6 @@
-"""`hpcai site check` on the dev cluster: everything passes as set up; three faults an admin meets (the nodes cannot
-reach hub_connect_ip, an env root users cannot read, no proxy) fail, each with what to do, and nothing else does."""
+"""`hpcai site check` on the dev cluster: everything passes as set up; four faults an admin meets (the nodes cannot
+reach hub_connect_ip, an env root users cannot read, no proxy, every user's server on the hub's own origin) fail, each
+with what to do, and nothing else does."""
 
 from __future__ import annotations
 
@@ -38,10 +39,12 @@ def test_site_check_finds_three_faults(devcluster, tf_env, tmp_path: Path) -> No
     private = tmp_path / "envs"
     private.mkdir(mode=0o700)
     code, checks = _check(broken, {"HPCAI_ENV_PATH": str(private)})
-    failed = {name: c for name, c in checks.items() if not c["passed"]}
+    failed = {name: c for name, c in checks.items() if not c["passed"] and c["severity"] == "fail"}
     reach = next(name for name in failed if name.startswith(f"a node reaches the hub's API at {unused}:"))
     assert code == 1 and sorted(failed) == sorted([reach, f"env root {private} readable by {USER}",
-                                                   "configurable-http-proxy"]), failed
+                                                   "configurable-http-proxy", "one origin per user"]), failed
+    assert "subdomain_host" in str(failed["one origin per user"]["fix"])
+    assert "take their account" in str(failed["one origin per user"]["detail"])
     assert "hub_connect_ip" in str(failed[reach]["fix"])
     assert f"chmod o+rx {private}" in str(failed[f"env root {private} readable by {USER}"]["fix"])
     assert "ConfigurableHTTPProxy.command" in str(failed["configurable-http-proxy"]["fix"])

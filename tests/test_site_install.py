@@ -71,10 +71,15 @@ def _site_init(site: Path, env: dict[str, str], port: int, login: str) -> Path:
     config = site / "jupyterhub_config.py"
     said = _run([f"{site}/venv/bin/hpcai", "site", "init", "--hub-config", str(config), "--site-config",
                  str(site / "config.toml"), "--bind-url", f"http://127.0.0.1:{port}",
+                 "--public-url", f"http://hub.localhost:{port}",
                  "--state-dir", str(site / "state"), "--allowed-group", USER,
                  "--env-root", str(site / "envs")], env)
     assert f"wrote {config}" in said and f"hub address on the nodes' network: {login}" in said, said
+    assert f"one origin per user: the hub at http://hub.localhost:{port}, each user's server at <user>.hub.localhost" \
+        in " ".join(said.split()), said
     text = config.read_text()
+    assert f"c.JupyterHub.subdomain_host = 'http://hub.localhost:{port}'" in text
+    assert "c.JupyterHub.cookie_host_prefix_enabled = True" in text
     for setting in ("req_qos", "job_log_dir", "walltime_warning", "exec_prefix", "batch_script", "env_keep"):
         assert re.search(rf"^# c\.HPCSlurmSpawner\.{setting} = ", text, re.M), setting
     assert "## REFUSED here (the hub stops): use req_prologue" in text  # batch_script's line says what to use instead
@@ -122,9 +127,9 @@ def test_a_wheel_a_template_and_a_hub_are_enough(devcluster, tf_env, site: Path,
     config = _site_init(site, env, port, devcluster.login_address)
     _run([f"{site}/venv/bin/hpcai", "env", "build", str(recipe), "--site"], env, timeout=1800)
     _run([f"{site}/venv/bin/hpcai", "kernel", "install", ENV, "--prefix", str(site / "venv")], env)
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://hub.localhost:{port}"  # the hub's origin; the user's server is on hpcai-alice.hub.localhost
     with _hub(site, config, env, tmp_path / "hub.log"):
-        wait_until(lambda: _answers(f"{url}/hub/api"), timeout=120, what="the hub to answer")
+        wait_until(lambda: _answers(f"http://127.0.0.1:{port}/hub/api"), timeout=120, what="the hub to answer")
         token = ""
         try:
             with sync_playwright() as p:
@@ -139,6 +144,8 @@ def test_a_wheel_a_template_and_a_hub_are_enough(devcluster, tf_env, site: Path,
                 _spawned(url, token)
                 page.goto(f"{url}/user/{USER}/lab")
                 page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
+                # the hub sent the browser to the user's own origin
+                assert page.url.startswith(f"http://{USER}.hub.localhost:{port}/user/{USER}/"), page.url
                 page.wait_for_selector('li[data-id="hpcai-panel"]', timeout=60_000)  # the HPC tab: our lab extension
                 browser.close()
             _trains(url, token, site)  # outside Playwright's event loop (the websocket client runs its own)
@@ -185,7 +192,7 @@ def _spawned(url: str, token: str) -> None:
 
 def _trains(url: str, token: str, site: Path) -> None:
     """A kernel of the site env, from the wheel: 4 engines on the 2 nodes, then Horovod's allreduce over them."""
-    base = f"{url}/user/{USER}"
+    base = f"{url.replace('://', f'://{USER}.')}/user/{USER}"  # the user's own origin
     status, kernel = demo.request(f"{base}/api/kernels", token, "POST", {"name": f"hpcai-{ENV}"})
     assert status == 201, kernel
     cells = {"import jupyter_hpcai; print(jupyter_hpcai.__file__)": rf"^{site}/envs/{ENV}/builds/.*/jupyter_hpcai/",

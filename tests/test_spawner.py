@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.hub import USER, Hub, as_user, every_gpu_held
+from helpers.hub import USER, Hub, as_user, every_gpu_held, progress_events
+from helpers.record import attack
 from helpers.jupyter import Server, execute
 from jupyter_hpcai import slurm
 from jupyter_hpcai.devcluster import SEPARATE
@@ -105,7 +106,7 @@ def test_preview_prints_the_quoted_script(devcluster) -> None:  # type: ignore[n
 
 def _run_in_server(hub: Hub, code: str) -> str:
     """Start a kernel in the user's server through the proxy and run ``code``; its stdout."""
-    server = Server(f"{hub.url}/user/{USER}", hub.user_token(), Path("/dev/null"))
+    server = Server(hub.user_url(USER), hub.user_token(), Path("/dev/null"))
     status, kernel = server.request("POST", "/api/kernels", {"name": "python3"})
     assert status == 201, kernel
     try:
@@ -285,13 +286,10 @@ def _progress_messages(hub: Hub, until: str, timeout: float = 60) -> list[str]:
     messages: list[str] = []
     deadline = time.monotonic() + timeout
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            for raw in resp:
-                line = raw.decode().strip()
-                if line.startswith("data:"):
-                    messages.append(json.loads(line[5:]).get("message", ""))
-                    if until in messages[-1] or time.monotonic() > deadline:
-                        break
+        for event in progress_events(hub, USER, timeout):
+            messages.append(event.get("message", ""))
+            if until in messages[-1] or time.monotonic() > deadline:
+                break
     except urllib.error.HTTPError as err:  # the spawn ended before the stream opened: the reply says how
         messages.append(err.read().decode(errors="replace"))
     return messages

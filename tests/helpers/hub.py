@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import pwd
 import secrets
 import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.request import Request, urlopen
 
 from helpers.jupyter import free_port
 from jupyter_hpcai import slurm
-from jupyter_hpcai.demo import HubProcess, ensure_user
+from jupyter_hpcai.demo import DEMO_CONFIG, HubProcess, ensure_user, loopback
 from jupyter_hpcai.devcluster.pytest_plugin import worker_number
 from jupyter_hpcai.proc import wait_until
 
@@ -28,9 +31,10 @@ __all__ = ["BOB", "CHROMIUM_ARGS", "PASSWORD", "USER", "Hub", "as_user", "ensure
 class Hub(HubProcess):
     """The demo hub on free ports, with a fresh admin token; restartable in place."""
 
-    def __init__(self, state: Path, users: tuple[str, ...] = (USER, BOB), environ: dict[str, str] | None = None) -> None:
+    def __init__(self, state: Path, users: tuple[str, ...] = (USER, BOB), environ: dict[str, str] | None = None,
+                 config: Path = DEMO_CONFIG) -> None:
         super().__init__(state, free_port(), free_port(), free_port(), password=PASSWORD, token=secrets.token_hex(16),
-                         users=users)
+                         users=users, config=config)
         self.environ = environ or {}  # more of the hub's environment (the demo config's knobs)
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -68,6 +72,11 @@ class Hub(HubProcess):
     def user_token(self, user: str = USER) -> str:  # type: ignore[override]
         return super().user_token(user)
 
+    def route(self, user: str = USER) -> dict[str, Any] | None:
+        """The proxy's route to ``user``'s default server, if it has one (keyed by the user's origin, then path)."""
+        routes = self.api("GET", "/proxy")[1]
+        return next((route for key, route in routes.items() if key.endswith(f"/user/{user}/")), None)
+
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -82,6 +91,25 @@ def logged_in_page(playwright: Any, hub: Hub, user: str = USER) -> tuple[Any, An
     page.fill("#password_input", PASSWORD)
     page.click("#login_submit")
     return browser, page
+
+
+def demo_config_with(folder: Path, settings: str) -> Path:
+    """A hub config in ``folder``: the demo's, then ``settings`` (lines of config a test changes)."""
+    path = folder / "hub_config.py"
+    path.write_text(f"load_subconfig({str(DEMO_CONFIG)!r})\n{settings}\n")
+    return path
+
+
+def progress_events(hub: Hub, user: str = USER, timeout: float = 60, server: str = "") -> Iterator[dict[str, Any]]:
+    """The events of the spawn progress stream of ``user``'s server (``server``: a named one), read as the spawn page
+    reads them (with the hub's admin token); an HTTPError when there is no start to watch."""
+    path = f"/servers/{server}/progress" if server else "/server/progress"
+    url, host = loopback(f"{hub.url}/hub/api/users/{user}{path}")
+    request = Request(url, headers={"Authorization": f"token {hub.token}", "Accept": "text/event-stream", **host})
+    with urlopen(request, timeout=timeout) as stream:
+        for line in stream:
+            if line.startswith(b"data:"):
+                yield json.loads(line[5:])
 
 
 @contextlib.contextmanager
