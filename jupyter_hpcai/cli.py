@@ -593,18 +593,20 @@ def site_init(hub_config: Path, site_config: Path, bind_url: str, public_url: st
 @json_option
 def site_check(config_file: Path, user: str, as_json: bool) -> None:
     """Check the hub host: the hub's config, the Slurm client and munge, the commands the hub runs as USER, the
-    proxy, the env roots, and one small job as USER (a node reaches the hub's API, ptrace scope, GPUs). Exits 1
-    when a check fails.
+    proxy, the env roots, the GPU partitions' sharing, and one small job as USER (a node reaches the hub's API,
+    ptrace scope, GPUs). Exits 1 when a check fails; a warning (a feature weakened) does not.
 
-    With --json: a list with one object per check, keys name, passed, detail and fix.
+    With --json: a list with one object per check, keys name, passed, detail, fix and severity (what a check that
+    did not pass means: "fail" or "warn").
     """
     from . import sitecheck
 
     checks = sitecheck.run(config_file.absolute(), user)
+    said = {"fail": "[red]FAIL[/]", "warn": "[yellow]WARN[/]"}
     lines = [f"[green]PASS[/] {esc(c.name)}: {esc(c.detail)}" if c.passed else
-             f"[red]FAIL[/] {esc(c.name)}: {esc(c.detail)}\n     [yellow]fix:[/] {esc(c.fix)}" for c in checks]
+             f"{said[c.severity]} {esc(c.name)}: {esc(c.detail)}\n     [yellow]fix:[/] {esc(c.fix)}" for c in checks]
     _emit(as_json, [asdict(c) for c in checks], *lines)
-    if not all(c.passed for c in checks):
+    if any(not c.passed and c.severity == "fail" for c in checks):
         sys.exit(1)
 
 

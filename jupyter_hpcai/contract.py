@@ -185,6 +185,7 @@ SET_FOLDERS = "hpcai-ranks"  # in the profile: one folder per set
 RANK_TABLE = "ranks.json"  # kernel -> kernel, server: the RankTable below, replaced whole
 RANK_LOG = "rank-{rank}.log"  # rank -> kernel: what srun's rank wrote (the launcher's report after deaths)
 TELEMETRY = "telemetry-{rank}.json"  # rank -> kernel, server: the rank's latest samples (ranks/telemetry.py)
+RENDEZVOUS_KEY = "rendezvous.key"  # kernel -> rank: the key of the launch world's rendezvous (0600; frameworks.py)
 
 
 class RankRow(TypedDict):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import paths, proc
+from . import paths, proc, slurm
 from .errors import HPCAIError
 from .spawner import compat
 from .spawner.spawner import command_env, offline_spawner
@@ -31,12 +31,14 @@ echo "gpus=${{CUDA_VISIBLE_DEVICES:-none}}"
 
 @dataclass(frozen=True)
 class Check:
-    """One line of the report."""
+    """One line of the report. ``severity``: what it means when it did not pass: "fail" (the product will not
+    work), or "warn" (a feature is weakened)."""
 
     name: str
     passed: bool
     detail: str
     fix: str = ""
+    severity: str = "fail"
 
 
 def run(config_file: Path, user: str) -> list[Check]:
@@ -64,6 +66,7 @@ def _checks(config_file: Path, user: str) -> Iterator[Check]:
                      bool, f"let the hub run `{shlex.join(as_user)} {program}` (sudoers), or fix "
                            "HPCSlurmSpawner.exec_prefix")
     yield _proxy(config)
+    yield from _shared_nodes(spawner)
     for root in paths.site_env_roots():
         yield _probe(f"env root {root} readable by {user}",
                      lambda root=root: proc.run([*as_user, "test", "-r", str(root), "-a", "-x", str(root)],
@@ -102,6 +105,25 @@ def _proxy(config: Any) -> Check:
                  "npm install -g configurable-http-proxy, or set ConfigurableHTTPProxy.command")
 
 
+def _shared_nodes(spawner: Any) -> Iterator[Check]:
+    """Each profile's partition: whether its GPU nodes run several users' jobs at once. torch's rendezvous store
+    takes no key, so another user's job on a node of a world can join it: multi-node profiles ask for
+    --exclusive=user (Profile.exclusive_user), one-node jobs share as the partition allows."""
+    for partition in sorted({p["partition"] for p in spawner.profiles if p.get("partition")}):
+        try:
+            shared = slurm.shared_between_users(partition)
+        except HPCAIError as err:
+            yield Check(f"partition {partition} keeps users apart", False, err.message, "check the partition's name",
+                        "warn")
+            continue
+        yield Check(f"partition {partition} keeps users apart", shared is None,
+                    "each node runs one user's jobs at a time" if shared is None else
+                    f"nodes run several users' jobs at once ({shared}): another user's job on a node of a one-node "
+                    "world can reach its torch rendezvous (multi-node profiles ask for --exclusive=user)",
+                    f"ExclusiveUser=YES on partition {partition} in slurm.conf, or exclusive_user: True in its "
+                    "one-node profiles", "warn")
+
+
 def _job_checks(config: Any, spawner: Any, as_user: list[str]) -> Iterator[Check]:
     """One small job, as the user, on the first profile with GPUs (else the first profile)."""
     hub = config.JupyterHub
@@ -128,7 +150,7 @@ def _job_checks(config: Any, spawner: Any, as_user: list[str]) -> Iterator[Check
     scope = seen.get("ptrace_scope", "?")
     yield Check("ptrace on the nodes (%hpc stacks)", scope in ("0", "none"), f"kernel.yama.ptrace_scope = {scope}",
                 "sysctl kernel.yama.ptrace_scope=0 on the nodes, or %hpc stacks cannot read the ranks' stacks "
-                "(never give py-spy CAP_SYS_PTRACE: every user could read every process)")
+                "(never give py-spy CAP_SYS_PTRACE: every user could read every process)", "warn")
     if profile.get("gpus_per_node"):
         gpus = seen.get("gpus", "none")
         yield Check("Slurm hands out GPUs", gpus != "none", f"CUDA_VISIBLE_DEVICES={gpus}",

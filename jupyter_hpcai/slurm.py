@@ -152,6 +152,15 @@ class Partition:
     default: bool = False
 
 
+def shared_between_users(partition: str, env: Mapping[str, str] | None = None) -> str | None:
+    """How ``partition`` lets jobs of several users share a node (its settings, in Slurm's words), or None where
+    each node runs one user's jobs at a time (ExclusiveUser=YES, or OverSubscribe=EXCLUSIVE)."""
+    out = run(["scontrol", "show", "partition", partition, "--oneliner"], env=env, timeout=30).stdout
+    fields = dict(f.split("=", 1) for f in out.split() if "=" in f)  # the admin's settings: no user writes here
+    user, over = fields.get("ExclusiveUser", "NO"), fields.get("OverSubscribe", "NO")
+    return None if user == "YES" or over.startswith("EXCLUSIVE") else f"ExclusiveUser={user}, OverSubscribe={over}"
+
+
 def parse_duration(text: str) -> int | None:
     """Slurm's time format (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) in seconds; None for UNLIMITED."""
     text = text.strip()

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -413,45 +414,116 @@ import sys, time
 from types import SimpleNamespace
 from jupyter_hpcai.ranks.frameworks import horovod_rendezvous
 world = SimpleNamespace(listens=sys.argv[1], services={})
-print(horovod_rendezvous(world, ["n1"], [sys.argv[2]])[1], flush=True)
+print(*horovod_rendezvous(world, ["n1", "n1"], [sys.argv[2]])[1:], flush=True)  # its port and key
 time.sleep(120)
 """
 PUT = """
 import http.client, sys
-conn = http.client.HTTPConnection(sys.argv[1], int(sys.argv[2]), timeout=10)
-try:
-    conn.putrequest("PUT", "/global/0")
-    conn.putheader("Content-Length", sys.argv[3])
-    conn.endheaders()
-    conn.send(b"x" * min(int(sys.argv[3]), 64))
-    print(conn.getresponse().status)
-except (OSError, http.client.HTTPException) as err:
-    print("refused", type(err).__name__)
+said = []
+for path in sys.argv[4:]:  # as Horovod's client puts each: /<world's key>:<port>/<scope>/<key in the scope>
+    conn = http.client.HTTPConnection(sys.argv[1], int(sys.argv[2]), timeout=10)
+    try:
+        conn.putrequest("PUT", path)
+        conn.putheader("Content-Length", sys.argv[3])
+        conn.endheaders()
+        conn.send(b"x" * min(int(sys.argv[3]), 64))
+        said.append(str(conn.getresponse().status))
+    except (OSError, http.client.HTTPException) as err:
+        said.append(f"refused-{type(err).__name__}")
+    finally:
+        conn.close()
+print(" ".join(said))
 """
 
 
-def test_the_horovod_rendezvous_answers_only_the_worlds_nodes(devcluster, tf_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """Horovod's key-value store carries no key: the kernel's rendezvous answers the world's nodes only (another
-    user on the nodes' network could otherwise rewrite where a rank listens), and refuses a PUT too big to be an
-    address (which would fill the kernel's memory). n1 is the world's node here; n2 plays another user's."""
+def test_the_horovod_rendezvous_answers_only_the_worlds_nodes_with_its_key(devcluster, tf_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Horovod's key-value store carries no key of its own: the kernel's rendezvous answers the world's nodes only,
+    and only requests that carry the world's key (Horovod's client puts it in every path): another user on the
+    nodes' network, or with a job on the world's own node, could otherwise rewrite where a rank listens or fill the
+    kernel's memory. It holds the scopes, keys and bytes a world needs, no more, and refuses a PUT too big to be an
+    address. n1 is the world's node here; n2 plays another user's."""
     from helpers.record import attack
 
     login, n1 = devcluster.login_address, devcluster.node_address("n1")
     server = subprocess.Popen([str(tf_env.current().python), "-c", RENDEZVOUS, login, n1], stdout=subprocess.PIPE,
                               text=True)
     try:
-        port = server.stdout.readline().strip()  # type: ignore[union-attr]
+        port, key = server.stdout.readline().split()  # type: ignore[union-attr]
 
-        def put(node: str, length: int) -> str:
+        def put(node: str, length: int, *paths: str) -> list[str]:
             done = subprocess.run(["ip", "netns", "exec", f"{devcluster.netns_prefix}{node}", sys.executable, "-c",
-                                   PUT, login, port, str(length)], capture_output=True, text=True, timeout=30)
-            return done.stdout.strip() or done.stderr
+                                   PUT, login, port, str(length), *paths], capture_output=True, text=True, timeout=120)
+            return done.stdout.split() or [done.stderr]
 
-        assert put("n1", 20) == "200"  # the control: a rank's node puts its address
-        seen = put("n2", 20)
-        attack("PUT into another user's Horovod rendezvous from a node outside their world", seen.startswith("refused"),
-               seen)
-        seen = put("n1", 1 << 30)
-        attack("a 1 GiB PUT into the kernel's Horovod rendezvous", seen == "413", seen)
+        keyed = f"/{key}:{port}"
+        assert put("n1", 20, f"{keyed}/global_/0") == ["200"]  # the control: a rank of the world puts its address
+        seen = put("n1", 20, "/global_/0", f"/{'0' * 32}:{port}/global_/0")
+        attack("PUT into another user's Horovod rendezvous from their world's own node, without the world's key",
+               seen == ["403", "403"], " ".join(seen))
+        seen = put("n2", 20, f"{keyed}/global_/0")
+        attack("PUT into another user's Horovod rendezvous from a node outside their world",
+               seen[0].startswith("refused"), seen[0])
+        seen = put("n1", 1 << 30, f"{keyed}/global_/0")
+        attack("a 1 GiB PUT into the kernel's Horovod rendezvous", seen == ["413"], seen[0])
+        scopes = put("n1", 20, *(f"{keyed}/scope{i}/0" for i in range(80)))  # a 2-rank world: 4 * 2 + 64 scopes
+        keys = put("n1", 20, *(f"{keyed}/global_/{i}" for i in range(1100)))  # and 16 * 2 + 1024 keys in all
+        first_full = keys.index("507") if "507" in keys else len(keys)
+        attack("a world's own rank fills the kernel's rendezvous with scopes, then keys",
+               scopes[:71] == ["200"] * 71 and set(scopes[71:]) == {"507"} and set(keys[first_full:]) == {"507"}
+               and 0 < first_full < len(keys), f"scopes: {scopes.count('200')} taken, then {scopes.count('507')} "
+               f"refused (507); keys: {keys.count('200')} taken, then {keys.count('507')} refused")
     finally:
         server.kill()
+
+
+HOLDER = """
+import datetime, sys
+import torch.distributed as dist
+from jupyter_hpcai.ranks.calls import held_port, take_held
+addr = sys.argv[1]
+port = held_port(addr)  # rank 0, as the kernel asks it for the world's port
+print(port, flush=True)
+sys.stdin.readline()  # the kernel computes the world's params meanwhile; then rank 0's store takes the socket
+held = take_held(port)
+store = dist.TCPStore(addr, port, 1, True, datetime.timedelta(seconds=30), master_listen_fd=held.fileno(),
+                      use_libuv=False)
+store.set("rank0", "here")
+print(store.get("rank0").decode(), flush=True)
+"""
+TAKE = """
+import socket, sys
+try:
+    socket.create_server((sys.argv[1], int(sys.argv[2]))).close()
+    print("bound")
+except OSError as err:
+    print(f"refused-{err.errno}")
+"""
+
+
+def test_torchs_rendezvous_port_is_held_from_when_it_is_chosen(devcluster, torch_env) -> None:  # type: ignore[no-untyped-def]
+    """torch's store takes no key: its port must be the world's from the moment rank 0 names it. Rank 0 binds it
+    and holds it until its store serves there (calls.held_port), so bob, another user on the node, cannot take it
+    first. The control: a port chosen and let go (the old way) is bob's for the taking."""
+    from helpers.hub import BOB, as_user, ensure_user
+    from helpers.record import attack
+
+    ensure_user(BOB)
+    addr = "127.0.0.1"
+    rank0 = subprocess.Popen([str(torch_env.current().python), "-c", HOLDER, addr], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        port = rank0.stdout.readline().strip()  # type: ignore[union-attr]
+        taken = as_user(BOB, sys.executable, "-c", TAKE, addr, port).stdout.strip()
+        rank0.stdin.write("\n")  # type: ignore[union-attr]
+        rank0.stdin.flush()  # type: ignore[union-attr]
+        served = rank0.stdout.readline().strip()  # type: ignore[union-attr]
+    finally:
+        rank0.kill()
+    assert served == "here"  # rank 0's store serves on the socket it held
+    with socket.socket() as chosen:  # the control: chosen, then let go
+        chosen.bind((addr, 0))
+        free = str(chosen.getsockname()[1])
+    control = as_user(BOB, sys.executable, "-c", TAKE, addr, free).stdout.strip()
+    attack("bob binds the port alice's rank 0 named for her torch rendezvous, before her store serves there",
+           taken.startswith("refused") and control == "bound",
+           f"bob's bind: {taken}; control, a port chosen and let go: {control}")

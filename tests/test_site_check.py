@@ -26,16 +26,21 @@ def _check(config: Path, environ: dict[str, str]) -> tuple[int, dict[str, dict[s
     return done.returncode, {c["name"]: c for c in json.loads(done.stdout)}
 
 
-def test_site_check_finds_three_faults(devcluster, tf_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_site_check_finds_four_faults(devcluster, tf_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     ensure_user(USER)
     code, checks = _check(DEMO, {})  # control: the dev cluster as set up
-    assert code == 0 and all(c["passed"] for c in checks.values()), checks
+    warned = {name: c for name, c in checks.items() if not c["passed"]}
+    assert code == 0 and all(c["severity"] == "warn" for c in warned.values()), checks
+    # its partitions let several users' jobs share a node: said, as a warning, with the fix
+    assert sorted(warned) == ["partition debug keeps users apart", "partition gpu keeps users apart"], warned
+    assert all("ExclusiveUser=YES" in str(c["fix"]) for c in warned.values()), warned
     assert any(name.startswith("a node reaches the hub's API") for name in checks) and "Slurm hands out GPUs" in checks
     unused = ipaddress.ip_network(devcluster.network)[250]  # in the dev cluster's own network, held by no host
     last = "jupyter_hpcai.spawner.compat.check(c)"
     broken = tmp_path / "jupyterhub_config.py"
     broken.write_text(DEMO.read_text().replace(last, f"c.JupyterHub.hub_connect_ip = '{unused}'\n"
-                                               "c.ConfigurableHTTPProxy.command = ['/nonexistent/chp']\n" + last))
+                                               "c.ConfigurableHTTPProxy.command = ['/nonexistent/chp']\n"
+                                               "c.JupyterHub.subdomain_host = ''\n" + last))
     private = tmp_path / "envs"
     private.mkdir(mode=0o700)
     code, checks = _check(broken, {"HPCAI_ENV_PATH": str(private)})

@@ -118,11 +118,31 @@ def _user_ns() -> dict[str, Any]:
     return shell.user_ns if shell is not None else sys.modules["__main__"].__dict__
 
 
-def free_port() -> int:
-    """A TCP port free on this rank's node (for a rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+_held: dict[int, socket.socket] = {}  # listening sockets this rank holds for a rendezvous it will serve, by port
+_serving: list[socket.socket] = []  # the one its rendezvous server listens on now: open as long as the server
+
+
+def held_port(addr: str) -> int:
+    """A TCP port this rank listens on from now on, at its node's address ``addr``, for a rendezvous it will serve
+    (take_held): never a port chosen, let go, and maybe taken by another user's process before the server binds."""
+    sock = socket.create_server((addr, 0))
+    port = int(sock.getsockname()[1])
+    _held[port] = sock
+    return port
+
+
+def take_held(port: int) -> socket.socket | None:
+    """The socket ``held_port`` keeps for ``port`` (its server now owns it), or None; the others it held are
+    closed (asked for by a world that never came)."""
+    taken = _held.pop(port, None)
+    for stale in _held.values():
+        stale.close()
+    _held.clear()
+    if taken is not None:  # the world before this one has gone, and its server with it
+        for old in _serving:
+            old.close()
+        _serving[:] = [taken]
+    return taken
 
 
 def init_framework(framework: Framework, params: dict[str, Any], again: bool = False) -> dict[str, Any]:

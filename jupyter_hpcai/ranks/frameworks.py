@@ -10,20 +10,26 @@ rendezvous address); a framework without it is initialised by each rank as it bo
 
 from __future__ import annotations
 
+import hmac
 import os
 import re
+import secrets
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import import_module
 from importlib.util import find_spec
+from pathlib import Path
 from typing import Any, Protocol
 
 from . import continuity
+from ..contract import RENDEZVOUS_KEY
 from ..errors import HPCAIError
 from ..network import LOOPBACK
+from ..paths import write_private
 from .identity import LOCAL_RANK_VARS, RANK_VARS, first_int
-from .calls import Handles, free_port, rank_info
+from .calls import Handles, held_port, rank_info, take_held
+from .telemetry import FOLDER_VAR
 
 
 class World(Protocol):
@@ -38,6 +44,9 @@ class World(Protocol):
 
     @property
     def services(self) -> dict[str, Any]: ...
+
+    @property
+    def folder(self) -> Path: ...
 
     def call(self, rank: int, function: Callable[..., Any], *args: Any) -> Any: ...
 
@@ -85,6 +94,7 @@ class Framework:
 # launch's MPI world, which it cannot leave: such a world cannot grow, shrink or go on without lost ranks.
 CONTROLLER_VAR = "HPCAI_HOROVOD_CONTROLLER"  # gloo (default) or mpi: read by the kernel
 RENDEZVOUS_VAR = "HPCAI_HOROVOD_RENDEZVOUS"  # kernel -> rank: "addr:port" of the kernel's rendezvous; empty: MPI
+# (its key is in the set's private folder: contract.RENDEZVOUS_KEY; a re-formed world's comes with its params)
 PER_NODE_VAR = "HPCAI_HOROVOD_RANKS_PER_NODE"  # kernel -> rank: "2,2": ranks on each node, in rank order
 LAUNCH_VARS = (RENDEZVOUS_VAR, PER_NODE_VAR)  # set for every launch, empty where unused (mpirun -x passes them)
 
@@ -104,7 +114,8 @@ def _horovod_launch_env(world: World, per_node: Sequence[int], addresses: Iterab
     (Gloo), or nothing (MPI)."""
     if horovod_controller() == "mpi":
         return {RENDEZVOUS_VAR: "", PER_NODE_VAR: ""}
-    addr, port = horovod_rendezvous(world, launch_hosts(per_node), addresses)
+    addr, port, key = horovod_rendezvous(world, launch_hosts(per_node), addresses)
+    write_private(world.folder / RENDEZVOUS_KEY, key)  # the ranks read it there: never in an environment
     return {RENDEZVOUS_VAR: f"{addr}:{port}", PER_NODE_VAR: ",".join(map(str, per_node))}
 
 
@@ -130,13 +141,14 @@ def launch_hosts(per_node: Sequence[int]) -> list[str]:
 
 
 MAX_RENDEZVOUS_VALUE = 1 << 16  # bytes one PUT may carry: a rank's address and port, with room to spare
+MAX_RENDEZVOUS_BYTES = 64 << 20  # bytes a world's rendezvous holds in all
 
 
-def horovod_rendezvous(world: World, hosts: Sequence[str], addresses: Iterable[str]) -> tuple[str, int]:
+def horovod_rendezvous(world: World, hosts: Sequence[str], addresses: Iterable[str]) -> tuple[str, int, str]:
     """In the kernel: Horovod's rendezvous for ranks on ``hosts`` (kept in the world's services for its life, bound
-    to the controller's address only), set for them; its address. It answers only the ranks' nodes
-    (``addresses``): Horovod's key-value store has no key of its own, and another user could otherwise rewrite
-    where a rank listens, or fill the kernel's memory."""
+    to the controller's address only), set for them with a fresh key; its address, port and key. It answers only
+    the ranks' nodes (``addresses``) and requests that carry the key: another user with a job on those nodes could
+    otherwise rewrite where a rank listens, or fill the kernel's memory (Horovod's store has no key of its own)."""
     from horovod.runner.common.util.hosts import SlotInfo
 
     server = world.services.get("horovod")
@@ -144,29 +156,82 @@ def horovod_rendezvous(world: World, hosts: Sequence[str], addresses: Iterable[s
         server = world.services["horovod"] = rendezvous_server(world.listens)
         threading.Thread(target=server.serve_forever, name="hpcai-horovod-rendezvous", daemon=True).start()
     server.allowed = {world.listens, LOOPBACK, *addresses}
+    server.renew(len(hosts))
     server.init([SlotInfo(**slot) for slot in horovod_slots(hosts)])
-    return world.listens, int(server.server_address[1])
+    return world.listens, int(server.server_address[1]), str(server.key)
+
+
+def rendezvous_address(addr: str, port: int | str, key: str) -> str:
+    """What a rank gives Horovod as HOROVOD_GLOO_RENDEZVOUS_ADDR: Horovod's client builds every URL as
+    ``http://ADDR:PORT/scope/key``, so the world's key rides in the path, where the server checks it."""
+    return f"{addr}:{port}/{key}"
+
+
+class _Full(Exception):
+    """A PUT the rendezvous has no room for (its world's bounds)."""
 
 
 def rendezvous_server(listens: str) -> Any:
-    """Horovod's rendezvous server, answering only addresses in its ``allowed``, each PUT at most
-    MAX_RENDEZVOUS_VALUE bytes, never holding up its own shutdown (daemon request threads)."""
+    """Horovod's rendezvous server for one world at a time: it answers only addresses in its ``allowed`` whose
+    requests carry its ``key`` (``rendezvous_address``), and holds at most the scopes, keys and bytes its world
+    needs (``renew``); each PUT at most MAX_RENDEZVOUS_VALUE bytes; it never holds up its own shutdown."""
     from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
     class Handler(RendezvousHandler):  # type: ignore[misc]
+        def _keyed(self) -> bool:
+            """Whether the request carries the world's key (then its path is Horovod's own); else 403."""
+            given, _, rest = self.path[1:].partition("/")
+            if hmac.compare_digest(given.encode(), f"{self.server.key}:{self.server.server_address[1]}".encode()):
+                self.path = f"/{rest}"
+                return True
+            self.send_status_code(403)
+            return False
+
+        def do_GET(self) -> None:
+            if self._keyed():
+                super().do_GET()
+
+        def do_DELETE(self) -> None:
+            if self._keyed():
+                super().do_DELETE()
+
         def do_PUT(self) -> None:
             length = self.headers.get("Content-Length", "")
             if not length.isdigit() or int(length) > MAX_RENDEZVOUS_VALUE:
                 self.send_status_code(413)
-                return
-            super().do_PUT()
+            elif self._keyed():
+                try:
+                    super().do_PUT()
+                except _Full:
+                    self.send_status_code(507)
+
+        def _put_value(self, scope: str, key: str, value: bytes) -> None:
+            if not self.server.room(scope, key, value):
+                raise _Full
+            super()._put_value(scope, key, value)
 
     class Server(RendezvousHTTPServer):  # type: ignore[misc]
         daemon_threads, block_on_close = True, False
         allowed: set[str] = set()
+        key = ""
+        limits = (0, 0)  # scopes, keys in all
 
         def verify_request(self, request: Any, client_address: Any) -> bool:
             return str(client_address[0]) in self.allowed
+
+        def renew(self, size: int) -> None:
+            """A fresh key, and bounds, for a world of ``size`` ranks: Horovod's scopes are the world, each node and
+            each local rank (for each process set), and each holds a key or two for each of its ranks."""
+            self.key, self.limits = secrets.token_hex(16), (4 * size + 64, 16 * size + 1024)
+
+        def room(self, scope: str, key: str, value: bytes) -> bool:
+            """Whether the store may take ``value`` at ``scope``/``key`` within the world's bounds."""
+            with self.cache_lock:
+                held = self.cache.get(scope, {})
+                scopes = len(self.cache) + (scope not in self.cache)
+                keys = sum(map(len, self.cache.values())) + (key not in held)
+                size = sum(len(v) for s in self.cache.values() for v in s.values()) - len(held.get(key, b""))
+                return scopes <= self.limits[0] and keys <= self.limits[1] and size + len(value) <= MAX_RENDEZVOUS_BYTES
 
     return Server((listens, 0), Handler, 0)
 
@@ -183,7 +248,7 @@ def _horovod_reformed(world: World) -> dict[str, Any]:
     """In the kernel, for a re-formed world: the rendezvous set for it, and every rank's slot."""
     if why := _horovod_fixed():
         raise HPCAIError(why, "run the cell on the world as it started: %hpc restart")
-    hosts = [r.host for r in world.ranks]
+    hosts = [r.host for r in world.ranks]  # the key goes to the ranks with the params, over the engines' channel
     return {"rendezvous": list(horovod_rendezvous(world, hosts, {r.addr for r in world.ranks})),
             "slots": horovod_slots(hosts)}
 
@@ -220,9 +285,11 @@ def _set_cycle(resting: bool) -> None:
 
 
 def _join_gloo(rendezvous: Sequence[Any], slot: dict[str, Any]) -> None:
-    """Horovod's own variables for a Gloo world: where the rendezvous is, and this rank's slot."""
-    os.environ.update({"HOROVOD_GLOO_RENDEZVOUS_ADDR": str(rendezvous[0]),
-                       "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous[1]), "HOROVOD_CONTROLLER": "gloo",
+    """Horovod's own variables for a Gloo world: where the rendezvous is (address, port, the world's key), and this
+    rank's slot."""
+    addr, port, key = rendezvous
+    os.environ.update({"HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_address(addr, port, key),
+                       "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port), "HOROVOD_CONTROLLER": "gloo",
                        "HOROVOD_CPU_OPERATIONS": "gloo",
                        **{f"HOROVOD_{key.upper()}": str(value) for key, value in slot.items()}})
 
@@ -243,7 +310,8 @@ def _init_horovod(params: dict[str, Any]) -> Handles:
         return _horovod_handles(tf, len(gpus))
     if rendezvous := os.environ.get(RENDEZVOUS_VAR):  # the launch's world, over Gloo
         per_node = [int(c) for c in os.environ[PER_NODE_VAR].split(",")]
-        _join_gloo(rendezvous.rsplit(":", 1), horovod_slots(launch_hosts(per_node))[rank])
+        key = (Path(os.environ[FOLDER_VAR]) / RENDEZVOUS_KEY).read_text()
+        _join_gloo([*rendezvous.rsplit(":", 1), key], horovod_slots(launch_hosts(per_node))[rank])
     import horovod.tensorflow as hvd  # after TensorFlow's threads are set
 
     hvd.init()
@@ -289,8 +357,10 @@ def _horovod_broadcast(value: Any) -> Any:
 
 
 def _torch_params(world: World) -> dict[str, Any]:
-    """Rendezvous for torch.distributed: rank 0's node address and a port free there."""
-    return torch_rendezvous(world.ranks[0].addr, world.call(0, free_port), [r.host for r in world.ranks])
+    """Rendezvous for torch.distributed: rank 0's node address and a port rank 0 holds there from now on (its store
+    serves on it: no port chosen, let go, and taken first by another user's process)."""
+    addr = world.ranks[0].addr
+    return torch_rendezvous(addr, world.call(0, held_port, addr), [r.host for r in world.ranks])
 
 
 def torch_rendezvous(master_addr: str, master_port: int, hosts: Sequence[str]) -> dict[str, Any]:
@@ -319,11 +389,21 @@ def _init_torch(params: dict[str, Any]) -> Handles:
                            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}); use gloo on CPUs")
     if dist.is_initialized():
         dist.destroy_process_group()
-    dist.init_process_group(backend, rank=rank, world_size=params["world_size"], timeout=dt.timedelta(seconds=120))
+    timeout = dt.timedelta(seconds=120)
+    dist.init_process_group(backend, rank=rank, world_size=params["world_size"], timeout=timeout,
+                            store=_torch_store(dist, params, rank, timeout))
     device = torch.device("cuda", 0) if has_gpu else torch.device("cpu")
     names = {"torch": torch, "dist": dist, "rank": rank, "world_size": params["world_size"],
              "local_rank": env["LOCAL_RANK"], "device": device, "hpc": continuity}
     return names, {"rank": rank, "world_size": params["world_size"], "backend": backend, "device": str(device)}
+
+
+def _torch_store(dist: Any, params: dict[str, Any], rank: int, timeout: Any) -> Any:
+    """The world's TCPStore: rank 0 serves it on the socket it has held since the kernel asked for its port
+    (calls.held_port; an exported job's rank 0 binds the job's port as it starts), the others connect there."""
+    held = take_held(int(params["master_port"])) if rank == 0 else None
+    return dist.TCPStore(params["master_addr"], int(params["master_port"]), params["world_size"], rank == 0, timeout,
+                         **({"master_listen_fd": held.fileno(), "use_libuv": False} if held is not None else {}))
 
 
 def _torch_max(value: int) -> int:

@@ -40,6 +40,14 @@ class Profile(BaseModel):
     # The job starts one engine per GPU beside the server and its first kernel takes them (engines/warm.py), so that
     # the first distributed cell finds them ready; off: they start at %hpc start or the first distributed cell.
     start_engines: bool = False
+    # The job's nodes run no other user's jobs meanwhile (sbatch --exclusive=user): torch's rendezvous store takes
+    # no key, and another user's job on a node of the world can reach it. None (the default): on for a job of more
+    # than one node; a one-node job shares its node as the site allows (hpcai site check warns where it does).
+    exclusive_user: bool | None = None
+
+    def exclusive(self, nodes: int) -> bool:
+        """Whether a job of ``nodes`` nodes from this profile asks for nodes of its user's alone."""
+        return nodes > 1 if self.exclusive_user is None else self.exclusive_user
     # Extra sbatch options set by the admin (users cannot change them), e.g. ["--qos=interactive"].
     extra_sbatch: list[Annotated[str, Field(pattern=r"^--[a-z][a-z-]*(=[A-Za-z0-9_.,:=/+-]+)?$")]] = []
 

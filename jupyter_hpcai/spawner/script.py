@@ -98,7 +98,8 @@ def render(options: SpawnOptions, profile: Profile, *, user: str, homedir: str, 
                        bind=BIND_NODE_ADDRESS if bind_node_address else "", prologue=prologue, run=run)
     extra = (f"--chdir={homedir}", f"--export={keepvars}", *([f"--signal=B:USR1@{warning}"] if warning else []),
              *([f"--dependency=afterany:{int(after)}"] if after else []), *site_options,
-             *(["--no-kill"] if profile.no_kill else []), *profile.extra_sbatch)
+             *(["--no-kill"] if profile.no_kill else []),
+             *(["--exclusive=user"] if profile.exclusive(options.nodes) else []), *profile.extra_sbatch)
     return JobScript(name=f"jupyterhub-{user}", output=f"{logdir}/jupyterhub-%j.log", nodes=options.nodes,
                      tasks_per_node=ranks_per_node(options.gpus_per_node), gpus_per_node=options.gpus_per_node,
                      time=options.walltime, partition=options.partition, account=options.account or None,
