@@ -227,9 +227,10 @@ def _poller(conf: Path, state: dict[str, object], port: int, slurm_says: str = "
     spawner.job_id, spawner.api_token = "4242", ""
     cancelled: list[str] = []
 
-    async def query() -> JobStatus:
+    async def query() -> JobStatus:  # as HPCSlurmSpawner.query_job_status reads Slurm's states
         spawner.job_status = f"{slurm_says} n1"
-        return JobStatus.RUNNING if slurm_says == "RUNNING" else JobStatus.PENDING
+        return {"RUNNING": JobStatus.RUNNING, "COMPLETING": JobStatus.RUNNING,
+                "STOPPED": JobStatus.UNKNOWN}.get(slurm_says, JobStatus.PENDING)
 
     async def cancel() -> None:
         cancelled.append(spawner.job_id)
@@ -244,8 +245,9 @@ def test_the_hub_routes_only_to_the_server_that_proves_its_token(hub: FakeHub, t
     """bob answers on the port alice's server reported (as he could on a port her server gave up): the hub's check
     fails her start instead of routing her to him. Once her server runs, the hub's poll (a restarted hub's too)
     ends her job when her server is gone from its port while the job lives on (an epilogue, a requeue): at once
-    when bob answers there; after SILENT_FOR (shortened here) when nothing listens or bob holds the port and stays
-    silent on the probe. Controls: her real server passes both checks; a suspended job is not probed."""
+    when bob answers there, or when Slurm no longer says the job runs (COMPLETING, requeued: its port is free to
+    take); after SILENT_FOR (shortened here) when nothing listens or bob holds the port and stays silent on the
+    probe. Controls: her real server passes both checks; a suspended or stopped job is kept, not probed."""
     monkeypatch.setattr(spawner_module, "SILENT_FOR", 1.0)
     conf = tmp_path / "conf.py"
     conf.write_text(f"c = get_config()\nload_subconfig({str(DEMO)!r})\n")
@@ -269,8 +271,15 @@ def test_the_hub_routes_only_to_the_server_that_proves_its_token(hub: FakeHub, t
         state = spawner.get_state()
         hers, cancelled = _poller(conf, state, spawner.port)
         assert [asyncio.run(hers.poll()) for _ in range(3)] == [None] * 3 and cancelled == []
-        suspended, cancelled = _poller(conf, state, bob.port, "SUSPENDED")
-        assert asyncio.run(suspended.poll()) is None and cancelled == []  # a suspended server cannot answer
+        for held in ("SUSPENDED", "STOPPED"):  # its processes live on, stopped: they hold the port, cannot answer
+            suspended, cancelled = _poller(conf, state, bob.port, held)
+            assert asyncio.run(suspended.poll()) is None and cancelled == [], held
+        for ended, cancels in (("COMPLETING", []), ("PENDING", ["4242"])):  # her server ended; a requeue runs again
+            gone, cancelled = _poller(conf, state, spawner.port, ended)
+            polled = asyncio.run(gone.poll())
+            attack(f"alice's job is {ended} after her server ended: the hub keeps routing her to its port",
+                   polled == 1 and cancelled == cancels and gone.job_id == "",
+                   f"the hub's poll answered {polled} at once; jobs cancelled: {cancelled}")
         for who, port in (("bob answers on its port", bob.port), ("nothing listens on its port", free_port),
                           ("bob holds its port and stays silent on the probe", silent.getsockname()[1])):
             gone, cancelled = _poller(conf, state, port)

@@ -39,6 +39,7 @@ LOG_TAIL_BYTES = 8192  # of a failed job's log, shown on the spawn page
 LAUNCHER = "hpcai-singleuser"  # the job's server start (server/singleuser.py)
 IDENTITY_BYTES = 4096  # of the answer to the hub's identity check
 SILENT_FOR = 300.0  # seconds without a proof from a running server's port before its job is ended
+HOLDS_ITS_PORT = ("SUSPENDED", "STOPPED", "RESIZING")  # a started job's states whose processes live on, not probed
 # All a command the hub runs as a user gets of the hub's own environment (which holds the hub's secrets, and
 # which sudo -E would pass on for the user to read in /proc): nothing but where the programs and Slurm are.
 COMMAND_ENV = ("PATH", "LANG", "LC_ALL", "SLURM_CONF")
@@ -363,15 +364,27 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         return status
 
     async def _server_gone(self) -> bool:
-        """Whether this running job's server is gone from its port, and the job was cancelled: something else
-        answers there (another user's process on the port the server gave up), or no proof came for SILENT_FOR
-        seconds (nothing listens, or a squatter hangs on the probe alone; time, not probes: users' page loads poll
-        too, and a server may stall a while on a slow file system). Only a job Slurm last saw RUNNING is probed (a
-        suspended one cannot answer). A job the cancel failed for is kept, to be tried again at the next poll."""
+        """Whether this started job's server is gone from its port, its route to go now (the job cancelled where it
+        would run on): the job is no longer running (COMPLETING as its server ended, or requeued), so that its port is
+        free for anyone on the node to take; or something else answers there (another user's process on the port the
+        server gave up); or no proof came for SILENT_FOR seconds (nothing listens, or a squatter hangs on the probe
+        alone; time, not probes: users' page loads poll too, and a server may stall a while on a slow file system).
+        A job whose processes live on stopped (SUSPENDED, STOPPED) or RESIZING holds its port and cannot answer: kept
+        unprobed. A job the cancel failed for is kept, to be tried again at the next poll."""
         server, job = self.server, self.job_id
         if self._spawn_pending or self._stop_pending or server is None or not (server.ip and server.port and job) \
-                or not self.token_digest() or not self.job_status.startswith("RUNNING"):
+                or not self.token_digest():
             return False
+        state = (self.job_status.split() or [""])[0]
+        if state in HOLDS_ITS_PORT:
+            return False
+        if state != "RUNNING":
+            self.log.warning("%s: job %s is %s; its server's port is no longer its own, so its route goes now",
+                             self._log_name, job, state or "gone")
+            if state != "COMPLETING" and not await self._cancel_quietly():  # a requeued job would run on unseen
+                return False
+            self.clear_state()
+            return True
         found = await self._identity(server.ip, server.port)
         if job != self.job_id or self._spawn_pending or self._stop_pending:  # it stopped or restarted meanwhile
             return False
