@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,15 +115,23 @@ def parse_job_line(line: str) -> dict[str, str]:
 
 def job_info(job_id: int | str, env: Mapping[str, str] | None = None) -> dict[str, str] | None:
     """Slurm's record of a job (JOB_FIELDS), or None once Slurm has forgotten it."""
+    return jobs_info([job_id], env).get(str(int(job_id)))
+
+
+def jobs_info(job_ids: Sequence[int | str], env: Mapping[str, str] | None = None) -> dict[str, dict[str, str]]:
+    """Slurm's records of the jobs it still knows of ``job_ids`` (JOB_FIELDS), by job id, from one squeue."""
+    if not job_ids:
+        return {}
     fmt = ",".join(f"{field}:|" for _, field in JOB_FIELDS)  # with a suffix and no width: never cut to 20
-    argv = ["squeue", "--noheader", "--states=all", f"--jobs={int(job_id)}", f"--Format={fmt}"]
+    argv = ["squeue", "--noheader", "--states=all", f"--jobs={','.join(str(int(j)) for j in job_ids)}",
+            f"--Format={fmt}"]
     done = run(argv, env=env, check=False, timeout=30)
     if done.returncode != 0:
-        if "Invalid job id" in done.stderr:
-            return None
+        if "Invalid job id" in done.stderr:  # none of them is known any more
+            return {}
         run(argv, env=env, timeout=30)  # raises with the message
-    line = next((ln for ln in done.stdout.splitlines() if ln.strip()), None)
-    return parse_job_line(line.rstrip("\n")) if line is not None else None
+    records = (parse_job_line(line.rstrip("\n")) for line in done.stdout.splitlines() if line.strip())
+    return {record["JobId"]: record for record in records}
 
 
 def node_address(name: str, env: Mapping[str, str] | None = None) -> str:
@@ -201,6 +209,15 @@ def partitions(env: Mapping[str, str] | None = None) -> list[Partition]:
             max_time=parse_duration(nodes[0][4]), default=part.endswith("*"),
         ))
     return result
+
+
+def later(when: str, seconds: int) -> str:
+    """Slurm's time ``when`` (``YYYY-MM-DDTHH:MM:SS``) ``seconds`` later, written as Slurm writes it; "" for none."""
+    try:
+        moved = time.mktime(time.strptime(when, "%Y-%m-%dT%H:%M:%S")) + seconds
+    except ValueError:
+        return ""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(moved))
 
 
 def format_duration(seconds: int) -> str:

@@ -172,10 +172,13 @@ def job_lab(devcluster, tf_env: EnvDir, tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture(scope="session")
 def hub(devcluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator["Hub"]:  # type: ignore[no-untyped-def]  # noqa: F821
     """A real JupyterHub with the demo config, spawning as the real unix user hpcai-alice."""
-    from helpers.hub import USER, Hub, ensure_user
+    from helpers.hub import USER, Hub, demo_config_with, ensure_user
 
     ensure_user(USER)
-    hub = Hub(tmp_path_factory.mktemp("hub"), environ={"HPCAI_HUB_LOG_LEVEL": "DEBUG"})  # all it logs is searched
+    folder = tmp_path_factory.mktemp("hub")
+    # its tests start many servers, and report ports, for one user within a minute, as no person does
+    config = demo_config_with(folder, "c.HPCSlurmSpawner.hub_api_per_minute = 120")
+    hub = Hub(folder, environ={"HPCAI_HUB_LOG_LEVEL": "DEBUG"}, config=config)  # all it logs is searched
     hub.start()
     hub.api("POST", f"/users/{USER}")  # 201, or 409 when a restarted hub already has the user
     yield hub

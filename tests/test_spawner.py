@@ -281,8 +281,6 @@ def test_a_start_cut_off_by_a_hub_restart_leaves_no_job_behind(hub: Hub, tmp_pat
 
 
 def _progress_messages(hub: Hub, until: str, timeout: float = 60) -> list[str]:
-    req = urllib.request.Request(f"{hub.url}/hub/api/users/{USER}/server/progress",
-                                 headers={"Authorization": f"token {hub.token}"})
     messages: list[str] = []
     deadline = time.monotonic() + timeout
     try:
@@ -387,9 +385,21 @@ def test_browser_spawn_form_to_jupyterlab(hub: Hub) -> None:
         page.fill("#hpcai-nodes", "2")
         assert page.query_selector("#hpcai-error-nodes") is None  # corrected: the message goes before any submit
         page.fill("#hpcai-gpus_per_node", "1")
-        link = page.inner_text("#hpcai-share")  # the whole address, to copy
-        assert link.startswith(f"{hub.url}/hub/spawn?profile=2+nodes+x+2+GPUs&partition=gpu&nodes=2&gpus_per_node=1&"), link
+        link = page.inner_text("#hpcai-share")  # the whole address, to copy: the choices after '#', which no server sees
+        assert link.startswith(f"{hub.url}/hub/spawn#profile=2+nodes+x+2+GPUs&partition=gpu&nodes=2&gpus_per_node=1&"), link
         page.screenshot(path=str(ARTIFACTS / "spawn-form.png"), full_page=True)
+        for opened in (link, link.replace("#", "?")):  # the form's link, and one as JupyterHub's own query links go
+            page.goto("about:blank")
+            page.goto(opened)
+            page.wait_for_selector("#hpcai-nodes")
+            filled = {n: page.input_value(f"#hpcai-{n}") for n in ("profile", "partition", "nodes", "gpus_per_node")}
+            started = subprocess.run(["squeue", "--noheader", "--user", USER, "--format=%i"], capture_output=True,
+                                     text=True, timeout=30, check=True).stdout.split()
+            attack("a spawn link alice follows starts a server (and charges an account of hers) without her click",
+                   not started and filled == {"profile": "2 nodes x 2 GPUs", "partition": "gpu", "nodes": "2",
+                                              "gpus_per_node": "1"},
+                   f"{opened.split('/hub/')[1][:40]}...: jobs of hers {started or 'none'}; the form holds {filled}")
+        assert page.inner_text("#hpcai-note").startswith("A link filled in this form; nothing has started")
         page.click("input[type=submit], button[type=submit]")
         page.wait_for_url(re.compile(rf".*/user/{USER}/lab.*"), timeout=180_000)
         page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)

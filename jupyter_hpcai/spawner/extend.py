@@ -11,18 +11,25 @@ from ..errors import HPCAIError
 from ..slurm import format_duration, parse_duration
 
 
+def allowed(policy: Mapping[str, str], partition: str) -> int:
+    """The longest walltime ``policy`` (partition, or ``*``, -> HH:MM:SS) lets a job on ``partition`` be extended to,
+    in seconds; or the error that says why not (no question to Slurm needed)."""
+    ceiling = policy.get(partition, policy.get("*"))
+    if not ceiling:
+        raise HPCAIError(f"this site does not extend notebook jobs on partition {partition}",
+                         "save your work (%hpc checkpoint) and start a new server, or %hpc continue")
+    seconds = parse_duration(str(ceiling))
+    if seconds is None:
+        raise HPCAIError(f"the site's extend policy for {partition} is not a walltime: {ceiling!r}",
+                         "tell the hub's admin: HPCSlurmSpawner.extend_max_walltime takes HH:MM:SS per partition")
+    return seconds
+
+
 def new_limit(policy: Mapping[str, str], partition: str, limit: int, add: int, scheduler_max: int | None) -> int:
     """The job's new time limit in seconds, or an error that says why not. ``policy``: partition (or ``*``)
     -> the longest walltime a notebook job may be extended to; ``scheduler_max``: the partition's own limit
     (with the admin's ``limits``), which the policy never exceeds."""
-    allowed = policy.get(partition, policy.get("*"))
-    if not allowed:
-        raise HPCAIError(f"this site does not extend notebook jobs on partition {partition}",
-                         "save your work (%hpc checkpoint) and start a new server, or %hpc continue")
-    ceiling = parse_duration(str(allowed))
-    if ceiling is None:
-        raise HPCAIError(f"the site's extend policy for {partition} is not a walltime: {allowed!r}",
-                         "tell the hub's admin: HPCSlurmSpawner.extend_max_walltime takes HH:MM:SS per partition")
+    ceiling = allowed(policy, partition)
     if scheduler_max:
         ceiling = min(ceiling, scheduler_max)
     wanted = limit + add

@@ -1,5 +1,6 @@
 """The resource form on the spawn page: profiles (with Slurm's expected start), then the values a user may
-adjust within the limits, and a link that starts a server with the current choices."""
+adjust within the limits, and a link that fills the form with the current choices (the choices ride in the link's
+fragment, which no server sees: following a link never starts a server, whoever sent it)."""
 
 from __future__ import annotations
 
@@ -12,17 +13,19 @@ from .options import FIELDS, Limit, Profile
 STYLE = """<style>
 .hpcai-form .form-group{margin-bottom:.6em}.hpcai-form .hpcai-error{color:#b00020;font-weight:600}
 .hpcai-form .form-text{font-size:90%;color:#555}
+.hpcai-form .hpcai-note{border:1px solid #999;border-radius:4px;padding:.5em;margin-bottom:.8em}
 </style>"""
 
 # A profile's values fill the fields; the selected partition's limits and the selected profile's start estimate
-# show under their selects; a field's error goes once the field changes; the link follows every field.
+# show under their selects; a field's error goes once the field changes; the link follows every field, and a link's
+# choices (after '#') fill the fields as the page opens, the profile first.
 SCRIPT = """<script>
 (function(){
 var form=document.querySelector('.hpcai-form');if(!form)return;
 function byId(n){return document.getElementById('hpcai-'+n);}
 function note(sel,target,key){var o=sel.selectedOptions[0];if(o&&target)target.textContent=o.dataset[key]||'';}
 function share(){var q=new URLSearchParams();FIELDS.forEach(function(n){var e=byId(n);if(e&&e.value!=='')q.set(n,e.value);});
-  var a=byId('share');a.href=location.pathname.replace(/\\/spawn(\\/[^?]*)?$/,'/spawn')+'?'+q.toString();a.textContent=a.href;}
+  var a=byId('share');a.href=location.origin+location.pathname+'#'+q.toString();a.textContent=a.href;}
 function cleared(n){var e=byId('error-'+n);if(e)e.remove();}
 var FIELDS=%s;
 FIELDS.forEach(function(n){var e=byId(n);if(!e)return;['input','change'].forEach(function(ev){e.addEventListener(ev,function(){cleared(n);share();});});});
@@ -31,16 +34,23 @@ p.addEventListener('change',function(){var d=JSON.parse(p.selectedOptions[0].dat
   for(var k in d){var e=byId(k);if(e&&e.value!==d[k]){e.value=d[k];cleared(k);}}
   note(p,byId('estimate'),'estimate');note(part,byId('partition-limits'),'limits');share();});
 part.addEventListener('change',function(){note(part,byId('partition-limits'),'limits');});
+var given=new URLSearchParams(location.hash.slice(1));
+if(given.has('profile')){p.value=given.get('profile');p.dispatchEvent(new Event('change'));}
+FIELDS.forEach(function(n){var e=byId(n);if(e&&n!=='profile'&&given.has(n))e.value=given.get(n);});
 note(p,byId('estimate'),'estimate');note(part,byId('partition-limits'),'limits');share();
 })();
 </script>"""
 
 
+FROM_LINK = "A link filled in this form; nothing has started. Check its choices (an account of yours pays), then press Start."
+
+
 def render(profiles: list[Profile], limits: Mapping[str, Limit], environments: Mapping[str, str],
            values: Mapping[str, str] | None = None, errors: Mapping[str, str] | None = None,
-           estimates: Mapping[str, str] | None = None) -> str:
-    """HTML for the form; ``values`` and ``errors`` re-show a rejected submission with a message per field;
-    ``estimates``: profile name -> when Slurm expects its job to start, in words."""
+           estimates: Mapping[str, str] | None = None, note: str = "") -> str:
+    """HTML for the form; ``values`` and ``errors`` re-show a rejected submission (or a link's choices) with a
+    message per field; ``estimates``: profile name -> when Slurm expects its job to start, in words; ``note``: a line
+    above the fields."""
     errors, estimates = errors or {}, estimates or {}
     first = profiles[0].model_dump() if profiles else {}
     values = {**{k: str(v) for k, v in first.items()}, **(values or {})}
@@ -71,7 +81,7 @@ def render(profiles: list[Profile], limits: Mapping[str, Limit], environments: M
     partition_choices = [(name, name, f' data-limits="{escape(limit.describe())}"') for name, limit in limits.items()]
     env_choices = [("", "(server default)", "")] + [(k, v, "") for k, v in environments.items()]
     parts = [
-        STYLE, '<div class="hpcai-form">',
+        STYLE, '<div class="hpcai-form">', f'<div class="hpcai-note" id="hpcai-note">{escape(note)}</div>' if note else "",
         field("profile", "Profile", select("profile", [profile_choice(p) for p in profiles]),
               '<div class="form-text" id="hpcai-estimate"></div>'),
         field("partition", "Partition", select("partition", partition_choices),
@@ -81,7 +91,7 @@ def render(profiles: list[Profile], limits: Mapping[str, Limit], environments: M
         field("walltime", "Walltime (HH:MM:SS)", text("walltime")),
         field("account", "Account (optional)", text("account")),
         field("environment", "Environment", select("environment", env_choices)),
-        '<p class="form-text">A link that starts a server with these choices: <a id="hpcai-share" href="#"></a></p>',
+        '<p class="form-text">A link to this form with these choices (it starts nothing): <a id="hpcai-share" href="#"></a></p>',
         "</div>", SCRIPT % json.dumps(list(FIELDS)),
     ]
     return "\n".join(parts)

@@ -20,8 +20,9 @@ config (before it builds its routes):
   it answers with the follow-up already queued. A user has at most one follow-up waiting: each is a pending spawn
   for hours, and pending spawns count against JupyterHub's ``concurrent_spawn_limit`` for everyone.
 
-A refusal is ``{"error", "hint"}`` (replies.refuse) or a 400 with the reason; the log names the user, never the
-body.
+Each takes from the user's share (fairness.py: ``HPCSlurmSpawner.hub_api_per_minute`` requests a minute per user
+and endpoint; an extend runs one at a time per user); over it, 429 with ``Retry-After``. A refusal is
+``{"error", "hint"}`` (replies.refuse) or a 400 with the reason; the log names the user, never the body.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from ..allocation import end_time
 from ..contract import token_digest
 from ..errors import HPCAIError
 from ..replies import extend_seconds, refuse
+from .fairness import SHARES, TooMany
 
 PORT_PATH = r"/api/batchspawner"
 QUEUED_WITHIN = 30  # seconds for a follow-up's sbatch to answer with a job id
@@ -75,6 +77,13 @@ def own_job(handler: APIHandler) -> Any:
     return spawner
 
 
+def too_many(handler: APIHandler, err: TooMany) -> None:
+    """Answer a request over its user's share: 429, when to ask again, and the reason (logged with the user)."""
+    handler.log.warning("Refused %s for %s: %s", handler.request.path, handler.current_user.name, err.message)
+    handler.set_header("Retry-After", str(err.retry_after))
+    refuse(handler, err, 429)
+
+
 class PortHandler(APIHandler):  # type: ignore[misc]
     """POST {"port": N}: the port the starting server of this token's spawner listens on."""
 
@@ -84,9 +93,13 @@ class PortHandler(APIHandler):  # type: ignore[misc]
         try:
             if spawner is None:
                 raise web.HTTPError(400, "this token belongs to no server of this user: send the server's own token")
+            SHARES.take(self.current_user.name, "port report", spawner.hub_api_per_minute)
             port = checked_port(self.get_json_body())
             if not spawner.pending == "spawn" or spawner.port:
                 raise web.HTTPError(400, "this server is not starting, or has reported its port already")
+        except TooMany as err:
+            too_many(self, err)
+            return
         except web.HTTPError as err:
             self.log.warning("Refused a port report for %s: %s", self.current_user.name, err.log_message)
             raise
@@ -103,8 +116,14 @@ class ExtendThroughHubHandler(APIHandler):  # type: ignore[misc]
     async def post(self) -> None:
         seconds = extend_seconds(self.get_json_body())
         spawner = own_job(self)
+        user = self.current_user.name
         try:
-            granted = await spawner.extend(seconds)
+            with SHARES.one_at_a_time(user, "extend"):  # the requests meanwhile take nothing of the user's share
+                SHARES.take(user, "extend", spawner.hub_api_per_minute)
+                granted = await spawner.extend(seconds)
+        except TooMany as err:
+            too_many(self, err)
+            return
         except HPCAIError as err:
             refuse(self, err)
             return
@@ -130,6 +149,11 @@ class ContinueHandler(APIHandler):  # type: ignore[misc]
     async def post(self) -> None:
         current = own_job(self)
         user = self.current_user
+        try:
+            SHARES.take(user.name, "continue", current.hub_api_per_minute)
+        except TooMany as err:
+            too_many(self, err)
+            return
         if not self.allow_named_servers:
             refuse(self, HPCAIError("this hub does not allow named servers, so no follow-up job can wait beside "
                                     "this one", "%hpc checkpoint, stop this server and start a new one, then "
@@ -160,10 +184,7 @@ class ContinueHandler(APIHandler):  # type: ignore[misc]
         """Start the named server ``name`` with ``current``'s options, waiting in Slurm's queue for its job."""
         await self._check_named_server_request(user, name, name)
         follower = user.get_or_create_spawner(name, name, replace_failed=True)
-        follower.follows = current.job_id
-        # it waits in the queue for the rest of this job, then starts as any server does
-        follower.start_timeout = max(follower.start_timeout,
-                                     await asyncio.to_thread(_seconds_left, current.job_id) + current.start_timeout)
+        follower.follow(current.job_id, await asyncio.to_thread(_seconds_left, current.job_id))
         await self.spawn_single_user(user, name, name, options=dict(current.user_options or {}))
         return follower
 

@@ -20,11 +20,8 @@ from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from .. import proc, slurm
-from ..errors import HPCAIError
+from .. import slurm
 
-FORMAT = "%i|%T|%B|%r|%S|%N"  # squeue's fields, read into scontrol's names
-KEYS = ("JobId", "JobState", "BatchHost", "Reason", "StartTime", "NodeList")
 FORGET_AFTER = 300  # seconds: a job nobody asked about for this long leaves the query
 LOG_EVERY = 60
 
@@ -60,6 +57,15 @@ class JobStates:
         self._log(log)
         return found
 
+    async def fresh(self, job_id: str) -> dict[str, str] | None:
+        """Slurm's record of ``job_id`` now, asked for on its own (what a decision on a value the hub itself just
+        changed needs: an extend's time limit); the cycle's snapshot takes it too."""
+        self._count()
+        found = await asyncio.to_thread(slurm.job_info, job_id)
+        if found is not None and job_id in self._snapshot:
+            self._snapshot[job_id] = found
+        return found
+
     async def _refresh(self) -> None:
         if self._query is None:  # the first caller of the cycle asks; the others wait for its answer
             self._query = asyncio.ensure_future(self._ask())
@@ -77,7 +83,7 @@ class JobStates:
         ids = [job for job, at in self._asked.items() if time.monotonic() - at < FORGET_AFTER]
         self._asked = {job: self._asked[job] for job in ids}
         self._count()
-        return await asyncio.to_thread(_squeue, ids), set(ids)
+        return await asyncio.to_thread(slurm.jobs_info, ids), set(ids)
 
     def _count(self) -> None:
         self.calls.append(time.monotonic())
@@ -93,26 +99,6 @@ class JobStates:
             self._logged = time.monotonic()
             log.info("Slurm job states: %d scheduler calls in the last minute, for %d jobs", self.per_minute(),
                      len(self._asked))
-
-
-def _squeue(ids: list[str]) -> dict[str, dict[str, str]]:
-    """One squeue for ``ids`` (every state, so a job that just ended is seen ending), by job id."""
-    if not ids:
-        return {}
-    done = proc.run(["squeue", "--noheader", "--states=all", f"--jobs={','.join(ids)}", f"--format={FORMAT}"],
-                    timeout=30, check=False)
-    if done.returncode != 0:
-        if "Invalid job id" in done.stderr:  # none of them is known any more
-            return {}
-        raise HPCAIError(f"squeue failed: {done.stderr.strip()[:200]}", "check slurmctld")
-    found = {}
-    for line in done.stdout.splitlines():
-        fields = line.split("|")
-        if len(fields) == len(KEYS):
-            record = dict(zip(KEYS, fields))
-            record["BatchHost"] = "" if record["BatchHost"] in ("n/a", "(null)") else record["BatchHost"]
-            found[record["JobId"]] = record
-    return found
 
 
 class SubmitQueue:

@@ -127,10 +127,14 @@ def validate(raw: Mapping[str, Any], profiles: list[Profile], limits: Mapping[st
     """Check raw options (form, URL query or REST body) against the model and the limits."""
     if not profiles:
         raise OptionsError({"profile": "the admin has configured no profiles"})
-    values = {k: (v[0] if isinstance(v, list) and v else v) for k, v in raw.items()}
+    values = {k: (v[0] if isinstance(v, list) and len(v) == 1 else v) for k, v in raw.items()}
     unknown = sorted(set(values) - set(FIELDS))
     if unknown:
         raise OptionsError({k: f"unknown option (allowed: {', '.join(FIELDS)})" for k in unknown})
+    shapes = {k: _shape(v) for k, v in values.items() if v is not None and not isinstance(v, (str, int))
+              or isinstance(v, bool)}
+    if shapes:  # a REST body's object, list or true/false: the field's name and what to send instead
+        raise OptionsError({k: f"must be text or a whole number, not {shape}" for k, shape in shapes.items()})
     by_name = {p.name: p for p in profiles}
     name = values.get("profile") or profiles[0].name
     if name not in by_name:
@@ -146,6 +150,12 @@ def validate(raw: Mapping[str, Any], profiles: list[Profile], limits: Mapping[st
     if errors:
         raise OptionsError(errors)
     return options, profile
+
+
+def _shape(value: Any) -> str:
+    """What a JSON value is, in words (never the value itself: it is the user's to write)."""
+    return {dict: "an object", list: "a list", bool: "true or false", float: "a fraction"}.get(type(value),
+                                                                                            type(value).__name__)
 
 
 def _say(error: Mapping[str, Any]) -> str:

@@ -1,6 +1,10 @@
-"""What a job's state means to the person waiting for it."""
+"""What a job's state means to the person waiting for it, and one start's events for every page that watches it."""
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
 
 # squeue's pending reasons, said plainly (the scheduler's word stays in brackets).
 REASONS = {
@@ -14,6 +18,8 @@ REASONS = {
     "PartitionNodeLimit": "more nodes than the partition allows",
     "PartitionTimeLimit": "longer than the partition allows",
     "BeginTime": "waiting for its start time",
+    "JobHeldUser": "held by you (scontrol release JOBID lets it start)",
+    "JobHeldAdmin": "held by an admin",
     "None": "being scheduled",
 }
 
@@ -23,3 +29,40 @@ def pending_message(job_id: str, reason: str, start: str) -> str:
     said = REASONS.get(reason, reason or "pending")
     when = f"; expected start {start.replace('T', ' ')}" if start and start not in ("N/A", "Unknown") else ""
     return f"Job {job_id} is pending: {said} [{reason}]{when}"
+
+
+class Feed:
+    """One start's spawn-page events: made by one producer, read whole by every stream that watches the start (each
+    from its first event), so that a user's hundred open spawn pages cost the hub one watcher, and Slurm nothing more.
+    ``owner`` names the start (JupyterHub's spawn future)."""
+
+    def __init__(self, events: AsyncIterator[dict[str, Any]], owner: object) -> None:
+        self.owner = owner
+        self._events: list[dict[str, Any]] = []
+        self._ended = False
+        self._changed = asyncio.Condition()
+        self._task = asyncio.ensure_future(self._make(events))
+
+    async def _make(self, events: AsyncIterator[dict[str, Any]]) -> None:
+        try:
+            async for event in events:
+                async with self._changed:
+                    self._events.append(event)
+                    self._changed.notify_all()
+        finally:
+            async with self._changed:
+                self._ended = True
+                self._changed.notify_all()
+
+    async def read(self) -> AsyncIterator[dict[str, Any]]:
+        """Every event, from the first, as it comes; until the producer ends."""
+        seen = 0
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(lambda: len(self._events) > seen or self._ended)
+                new, ended = self._events[seen:], self._ended
+            for event in new:
+                yield event
+            seen += len(new)
+            if ended:
+                return

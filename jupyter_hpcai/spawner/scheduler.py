@@ -60,6 +60,10 @@ class Scheduler:
             return await self.job_states.info(job_id, self.settings.job_state_interval, log)
         return await asyncio.to_thread(slurm.job_info, job_id)
 
+    async def fresh_job_info(self, job_id: str) -> dict[str, str] | None:
+        """Slurm's record of ``job_id`` as it is now, not as the cycle's query saw it (JobStates.fresh)."""
+        return await self.job_states.fresh(job_id)
+
     @asynccontextmanager
     async def submission(self, user: str, ticket: object) -> AsyncIterator[None]:
         """Held while ``ticket`` submits: a user's starts one at a time (a user's own sbatch, stopped or stalled,

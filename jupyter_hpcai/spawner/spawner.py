@@ -31,8 +31,9 @@ from ..contract import IDENTITY_PATH, identity_proof, token_digest
 from ..envs import EnvStore, open_env
 from ..errors import HPCAIError
 from . import compat, extend, form, script
-from .options import Limit, OptionsError, Profile, SpawnOptions, merge_limits, validate
-from .progress import pending_message
+from .fairness import SHARES, TooMany
+from .options import FIELDS, Limit, OptionsError, Profile, SpawnOptions, merge_limits, validate
+from .progress import Feed, pending_message
 from .scheduler import Scheduler, Settings
 
 LOG_TAIL_BYTES = 8192  # of a failed job's log, shown on the spawn page
@@ -106,10 +107,29 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         user's older ones in job_log_dir as it starts. 0: never deleted.""")
     job_umask = Integer(0o077, config=True, help="""The umask jobs are submitted with (Slurm passes it to the job):
         the job's log, and what the server creates, are private to the user unless this allows more.""")
+    max_pending_starts = Integer(2, config=True, help="""Servers one user may have starting at once, however they
+        were asked for (the form, the REST API, named servers, a follow-up waiting for its job): one more is refused
+        (429). Every start that waits counts against JupyterHub.concurrent_spawn_limit for everyone. 0: no limit.""")
+    hub_api_per_minute = Integer(6, config=True, help="""Requests a minute each user may make of each endpoint
+        jupyter-hpcai adds to the hub (a server's port report, extend, continue), and starts a minute, in bursts of as
+        many: more are refused (429 with Retry-After). 0: no limit.""")
+    held_start_timeout = Float(300, config=True, help="""Seconds a starting server's job may stay held by its owner
+        (scontrol hold: Slurm's reason JobHeldUser) before the hub cancels it, saying why on the spawn page: a held
+        start counts against JupyterHub.concurrent_spawn_limit for everyone while it waits. 0: held as long as the
+        start_timeout allows.""")
 
     _token_digest = ""  # the saved digest of the server's token (load_state), for a hub that restarted
     _last_proof = 0.0  # time.monotonic() of the running server's last proof (or of this hub's first look)
     _scheduler: ClassVar[Scheduler | None] = None  # the hub's one, made by the first spawner that asks
+    _reason = ""  # Slurm's reason for the job's state, at the last query
+    _held_since: float | None = None  # time.monotonic() when this start's job was first seen held by its owner
+    _feed: Feed | None = None  # this start's spawn-page events, made once for every stream that reads them
+    _report: tuple[str, asyncio.Future[str]] | None = None  # (job id, its failure report), made once per job
+    _admitted = False  # this start passed the user's share (_check_share): it counts against their next ones
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._start_timeout = self.start_timeout  # as configured: a follow-up's wait is added to this, never stacked
 
     @property
     def scheduler(self) -> Scheduler:
@@ -120,10 +140,10 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
                                                             self.job_state_interval, self.max_concurrent_submits))
         return HPCSlurmSpawner._scheduler
 
-    # the form's last rejected submission, shown again with a message per field
+    # the form's last rejected submission (or a link's choices), shown again with a message per field
     _rejected: tuple[dict[str, str], dict[str, str]] | None = None
-    _options: SpawnOptions | None = None
-    _profile: Profile | None = None
+    _from_link = False  # those choices came with a link (options_from_query): the form says nothing started
+    _options: SpawnOptions | None = None  # validated at the last start: what its job was submitted with
     _cut_off = False  # loaded from a state a start saved before it finished: that hub stopped mid-start
 
     @default("options_form")
@@ -150,7 +170,8 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     async def _render_form(self, spawner: Any = None) -> str:
         self.check_account()  # the estimates run sbatch as this user: never for an account the site refuses
         values, errors = self._rejected or ({}, {})
-        self._rejected = None
+        note = form.FROM_LINK if self._from_link else ""
+        self._rejected, self._from_link = None, False
         environments = await asyncio.to_thread(self._environments)
         profiles = self._profiles()
         said: dict[str, str] = {}
@@ -159,14 +180,20 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             found = await self.scheduler.start_estimates(self.user.name, prefix, profiles, command_env())
             now = time.time()
             said = {name: e.words(now) for name, e in found.items()}
-        return form.render(profiles, await self.current_limits(), environments, values, errors, said)
+        return form.render(profiles, await self.current_limits(), environments, values, errors, said, note)
 
     async def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
         """The form's values, validated (sinfo and the site envs' scan run off the event loop)."""
         return await asyncio.to_thread(self._checked, {k: v[0] for k, v in formdata.items() if v}, True)
 
     async def options_from_query(self, query: dict[str, list[str]]) -> dict[str, Any]:
-        return await asyncio.to_thread(self._checked, {k: v[0] for k, v in query.items() if v}, True)
+        """A link's choices fill the form, and never start a server: whoever follows a link (another site's, or a
+        message's) presses Start themselves, after reading what it asks for and whom it charges."""
+        self._rejected = ({k: v[0] for k, v in query.items() if k in FIELDS and v}, {})
+        self._from_link = True
+        refusal = HTTPError(400, log_message="a spawn link's choices were put in the form, not started")
+        refusal.jupyterhub_message = None  # type: ignore[attr-defined]  # the form says why, not "Error: ..."
+        raise refusal
 
     def _checked(self, raw: dict[str, Any], remember: bool = False) -> dict[str, Any]:
         try:
@@ -254,10 +281,13 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         except HPCAIError as err:
             raise _refused(500, err) from None
         self.check_account()
+        self._check_share()
         try:
-            self._options, self._profile = await asyncio.to_thread(self._validate, self.user_options or {})
+            self._options, _ = await asyncio.to_thread(self._validate, self.user_options or {})
         except OptionsError as err:
             raise _refused(400, err) from None
+        self._take_a_start()
+        self._feed, self._held_since = None, None
         async with self.scheduler.submission(self.user.name, self):
             as_user = self.exec_prefix.format(username=self.user.name)
             try:  # Slurm writes the log only into a folder that exists: the user makes it (root never does, there)
@@ -274,7 +304,8 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
                     f"the scheduler would not run this request: {str(err).removeprefix('sbatch: error: ')}",
                     "pick another partition, fewer nodes or GPUs, or a shorter walltime")) from None
             await self.submit_batch_script()
-        self.follows = ""  # only this job waits for that one; a later start of this server does not
+        # only this job waits for that one: a later start of this server neither waits nor gets its longer timeout
+        self.follows, self.start_timeout = "", self._start_timeout
         if not self.job_id:
             raise HPCAIError("sbatch returned no job id", "see the hub log")
         self._remember_job()
@@ -282,6 +313,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         while (status := await self.query_job_status()) != JobStatus.RUNNING:
             if status == JobStatus.NOTFOUND:
                 raise HPCAIError(await self._failure_report("ended before it started running"))
+            await self._cancel_a_long_hold()
             await asyncio.sleep(self.startup_poll_interval)
         self.ip = await asyncio.to_thread(self.state_gethost)  # sinfo: off the event loop
         while self.port == 0:  # set when the server reports in through the hub's batchspawner API
@@ -290,6 +322,49 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             await asyncio.sleep(self.startup_poll_interval)
         await self._wait_until_listening()
         return self.ip, self.port
+
+    def _check_share(self) -> None:
+        """Refuse (429) a start over its user's share of starts waiting at once: max_pending_starts of theirs
+        admitted by this check already (starts asked for at once are not refused for each other). No await between
+        the count and the mark: starts at once are counted one after another."""
+        self._admitted = False
+        starting = sorted(s.name or "the default" for s in self.user.spawners.values()
+                          if s is not self and s.pending == "spawn" and getattr(s, "_admitted", False))
+        if self.max_pending_starts and len(starting) >= self.max_pending_starts:
+            raise _refused(429, HPCAIError(
+                f"{len(starting)} servers of {self.user.name}'s are starting already ({', '.join(starting)}), the "
+                f"most this hub starts at once for one user", "wait until one has started, or stop one on the "
+                "hub's home page"))
+        self._admitted = True
+
+    def _take_a_start(self) -> None:
+        """Refuse (429) a start over its user's hub_api_per_minute starts a minute: one whose options passed, as it
+        is about to run commands (a form the user mistyped costs nothing)."""
+        try:
+            SHARES.take(self.user.name, "start", self.hub_api_per_minute)
+        except TooMany as err:
+            raise _refused(429, err) from None
+
+    def follow(self, job_id: str, seconds_left: int) -> None:
+        """Make this server the follow-up of job ``job_id`` (hub_api's continue): its job starts once that one ends,
+        and its start may take the rest of that job on top of the configured start_timeout (never on top of an
+        earlier follow-up's)."""
+        self.follows, self.start_timeout = job_id, self._start_timeout + seconds_left
+
+    async def _cancel_a_long_hold(self) -> None:
+        """Cancel this start's job, and fail the start saying why, once its owner has held it (scontrol hold) for
+        held_start_timeout seconds: while it waits it counts against the hub's limit of starts at once."""
+        if self._reason != "JobHeldUser":
+            self._held_since = None
+            return
+        self._held_since = self._held_since or time.monotonic()
+        if not self.held_start_timeout or time.monotonic() - self._held_since < self.held_start_timeout:
+            return
+        await self._cancel_quietly()
+        raise HPCAIError(f"job {self.job_id} was held by {self.user.name} (scontrol hold) for "
+                         f"{self.held_start_timeout:g} s, so the hub cancelled it: a start that waits counts against the "
+                         "hub's limit of starts at once, for everyone", "start again when the job may run; release a "
+                         "held start sooner (scontrol release JOBID)")
 
     def parse_job_id(self, output: str) -> str:
         """sbatch --parsable's answer: exactly one line, a job id (";cluster" may follow). sbatch runs as the user,
@@ -312,7 +387,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     async def _check_owner(self) -> None:
         """The job the hub will track, cancel and extend is this user's, as Slurm records it: an id sbatch's answer
         names that is another user's job, or no job Slurm knows, is refused."""
-        info = await asyncio.to_thread(slurm.job_info, self.job_id)
+        info = await self._job_info()
         if info is None or info.get("UserName") != self.user.name:
             self.job_id = ""
             self._remember_job()  # no restarted hub may cancel (or track) that id
@@ -476,7 +551,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             self.job_status = ""
             return JobStatus.NOTFOUND
         state = info.get("JobState", "")
-        self.job_status = f"{state} {info.get('BatchHost', '')}".strip()
+        self.job_status, self._reason = f"{state} {info.get('BatchHost', '')}".strip(), info.get("Reason", "")
         if state in ("RUNNING", "COMPLETING"):
             return JobStatus.RUNNING
         if state in ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED"):
@@ -490,25 +565,28 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
 
     async def extend(self, seconds: int) -> dict[str, Any]:
         """Add ``seconds`` to the running job's time limit within ``extend_max_walltime`` (the hub runs scontrol:
-        users cannot raise their own limit); the job's new limit and end."""
-        info = await asyncio.to_thread(slurm.job_info, self.job_id) or {}
+        users cannot raise their own limit); the job's new limit and end. The policy refuses first, before any
+        question to Slurm; then the job's record as it is now (the cycle's query may predate the last extend)."""
+        options = self._options or (await asyncio.to_thread(self._validate, self.user_options or {}))[0]
+        extend.allowed(self.extend_max_walltime, options.partition)
+        info = await self.scheduler.fresh_job_info(self.job_id) or {}
         if info.get("JobState") != "RUNNING":
             raise HPCAIError(f"job {self.job_id} is not running ({info.get('JobState', 'gone')})",
                              "only a running notebook job can be extended")
-        options, _ = await asyncio.to_thread(self._validate, self.user_options or {})
         if changed := as_submitted(info, options, self.user.name):
             # its owner changed it (scontrol update Partition=, NumNodes=, Account= while pending, or a script
             # swapped in sbatch's stdin), or it is not this user's job: the policy was decided for the job submitted
             raise HPCAIError(f"job {self.job_id} is not the job the hub submitted for {self.user.name}: "
                              + "; ".join(changed), "only a notebook job as the hub submitted it can be extended")
-        partition, limit = options.partition, slurm.parse_duration(info.get("TimeLimit", "")) or 0
+        partition, old = options.partition, slurm.parse_duration(info.get("TimeLimit", "")) or 0
         scheduler = (await self.current_limits()).get(partition)
-        wanted = extend.new_limit(self.extend_max_walltime, partition, limit, seconds,
+        wanted = extend.new_limit(self.extend_max_walltime, partition, old, seconds,
                                   scheduler.max_walltime if scheduler else None)
-        await self.run_command(f"scontrol update JobId={int(self.job_id)} TimeLimit={slurm.format_duration(wanted)}")
-        after = await asyncio.to_thread(slurm.job_info, self.job_id) or {}
-        self.log.info("Extended job %s of %s by %s s to %s", self.job_id, self.user.name, seconds, after.get("TimeLimit"))
-        return {"job_id": self.job_id, "time_limit": after.get("TimeLimit", ""), "end_time": after.get("EndTime", "")}
+        limit = slurm.format_duration(wanted)
+        await self.run_command(f"scontrol update JobId={int(self.job_id)} TimeLimit={limit}")
+        self.log.info("Extended job %s of %s by %s s to %s", self.job_id, self.user.name, seconds, limit)
+        # the end moves by what the limit grew (Slurm's EndTime: the start, the limit and any time suspended)
+        return {"job_id": self.job_id, "time_limit": limit, "end_time": slurm.later(info.get("EndTime", ""), wanted - old)}
 
     def state_gethost(self) -> str:
         """The address the hub reaches the first node at: Slurm's NodeAddr (node names may not resolve), as one IP
@@ -517,7 +595,14 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         return one_address(slurm.node_address(host))
 
     async def _failure_report(self, what: str) -> str:
-        info = await asyncio.to_thread(slurm.job_info, self.job_id) or {}
+        """What became of this start's job, with the last lines of its log: made once per job, however many ask
+        (the start, and every spawn page watching it)."""
+        if self._report is None or self._report[0] != self.job_id:
+            self._report = (self.job_id, asyncio.ensure_future(self._report_on(what)))
+        return await asyncio.shield(self._report[1])
+
+    async def _report_on(self, what: str) -> str:
+        info = await self._job_info() or {}
         state, reason, code = info.get("JobState", "gone"), info.get("Reason", ""), info.get("ExitCode", "")
         lines = [f"Job {self.job_id} {what}: state {state}" + (f", reason {reason}" if reason not in ("", "None") else "")
                  + (f", exit code {code}" if code else "")]
@@ -540,9 +625,17 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         return ["".join(c for c in line if c.isprintable() or c == "\t") for line in text.splitlines()[-lines:]]
 
     async def progress(self) -> Any:
-        """Spawn-page events: job id, state, the scheduler's pending reason and expected start."""
+        """Spawn-page events: job id, state, the scheduler's pending reason and expected start. One watcher per start
+        makes them (progress.Feed), however many pages read them: N streams cost the hub and Slurm what one does."""
+        if self._feed is None or self._feed.owner is not self._spawn_future:
+            self._feed = Feed(self._progress_events(), self._spawn_future)
+        async for event in self._feed.read():
+            yield event
+
+    async def _progress_events(self) -> Any:
+        """This start's events, each once, while it is pending (JupyterHub stops reading once the server is up)."""
         last = ""
-        while True:
+        while self._spawn_pending:
             place = self.scheduler.place(self)
             if not self.job_id and place:
                 message, pct = (f"Waiting to submit: number {place} in the hub's queue (it submits "
@@ -558,6 +651,9 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
                 state = info.get("JobState", "")
                 if state == "PENDING":
                     message, pct = pending_message(self.job_id, info.get("Reason", ""), info.get("StartTime", "")), 30
+                    if self._held_since and self.held_start_timeout:
+                        left = self.held_start_timeout - (time.monotonic() - self._held_since)
+                        message += f"; the hub cancels it in {max(0, round(left))} s unless it is released"
                 elif state in ("RUNNING", "CONFIGURING"):
                     message, pct = (f"Job {self.job_id} is running on {info.get('NodeList', '?')}; "
                                     "waiting for the Jupyter server to start"), 70
@@ -569,7 +665,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             if message != last:
                 yield {"progress": pct, "message": message}
                 last = message
-            await asyncio.sleep(1)  # until the job ends; JupyterHub stops reading once the server is up
+            await asyncio.sleep(1)
 
 
 def as_submitted(info: dict[str, str], options: SpawnOptions, user: str) -> list[str]:

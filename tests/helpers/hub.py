@@ -25,7 +25,7 @@ USER = f"hpcai-alice{_WORKER}"
 BOB = f"hpcai-bob{_WORKER}"  # the other user: hostile to alice in the security tests
 PASSWORD = "demo-" + secrets.token_hex(4)
 __all__ = ["BOB", "CHROMIUM_ARGS", "PASSWORD", "USER", "Hub", "as_user", "ensure_user", "every_gpu_held",
-           "logged_in_page"]
+           "demo_config_with", "logged_in_page", "progress_events", "server_token"]
 
 
 class Hub(HubProcess):
@@ -124,6 +124,26 @@ def every_gpu_held(tmp_path: Path) -> Iterator[None]:
     finally:
         release.touch()
         subprocess.run(["scancel", str(blocker)], timeout=30, check=False)
+
+
+def server_token(user: str, job: str) -> str:
+    """The hub token ``user``'s server in Slurm job ``job`` holds (JUPYTERHUB_API_TOKEN in its environment, which
+    its user can read)."""
+    uid = pwd.getpwnam(user).pw_uid
+
+    def found() -> str | None:
+        for proc in Path("/proc").iterdir():
+            try:
+                if not proc.name.isdigit() or proc.stat().st_uid != uid:
+                    continue
+                env = dict(i.split("=", 1) for i in (proc / "environ").read_text(errors="replace").split("\0") if "=" in i)
+            except OSError:
+                continue
+            if env.get("SLURM_JOB_ID") == job and env.get("JUPYTERHUB_API_TOKEN"):
+                return env["JUPYTERHUB_API_TOKEN"]
+        return None
+
+    return wait_until(found, timeout=30, what=f"{user}'s server token")
 
 
 def as_user(user: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
