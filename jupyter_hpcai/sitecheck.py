@@ -12,9 +12,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from . import paths, proc, slurm
 from .errors import HPCAIError
+from .siteinit import local_name
 from .spawner import compat
 from .spawner.spawner import command_env, offline_spawner
 
@@ -93,7 +95,10 @@ def _one_origin(config: Any) -> Check:
               "opens it, and can take their account")
     if host and not prefixed:
         detail += "; but the hub's cookies lack the __Host- prefix, so a user's origin can set them"
-    return Check("one origin per user", bool(host) and prefixed, detail,
+    plain = host.startswith("http://") and not local_name(urlsplit(host).hostname or "")
+    if plain:
+        detail += "; but over plain http, where browsers keep no __Host- (Secure) cookie: nobody could log in"
+    return Check("one origin per user", bool(host) and prefixed and not plain, detail,
                  "c.JupyterHub.subdomain_host = 'https://hub.example.org' (DNS for hub.example.org and "
                  "*.hub.example.org, a certificate for both) and c.JupyterHub.cookie_host_prefix_enabled = True")
 
@@ -106,10 +111,11 @@ def _proxy(config: Any) -> Check:
 
 
 def _shared_nodes(spawner: Any) -> Iterator[Check]:
-    """Each profile's partition: whether its GPU nodes run several users' jobs at once. torch's rendezvous store
-    takes no key, so another user's job on a node of a world can join it: multi-node profiles ask for
-    --exclusive=user (Profile.exclusive_user), one-node jobs share as the partition allows."""
-    for partition in sorted({p["partition"] for p in spawner.profiles if p.get("partition")}):
+    """Each partition a profile names or the form offers (``partitions``): whether its nodes run several users' jobs
+    at once. torch's rendezvous store takes no key, so another user's job on a node of a world can join it:
+    multi-node notebook jobs ask for --exclusive=user (Profile.exclusive_user), one-node jobs share as the partition
+    allows, and the partition's other jobs are the site's to keep apart."""
+    for partition in sorted({p["partition"] for p in spawner.profiles if p.get("partition")} | set(spawner.partitions)):
         try:
             shared = slurm.shared_between_users(partition)
         except HPCAIError as err:
@@ -120,8 +126,8 @@ def _shared_nodes(spawner: Any) -> Iterator[Check]:
                     "each node runs one user's jobs at a time" if shared is None else
                     f"nodes run several users' jobs at once ({shared}): another user's job on a node of a one-node "
                     "world can reach its torch rendezvous (multi-node profiles ask for --exclusive=user)",
-                    f"ExclusiveUser=YES on partition {partition} in slurm.conf, or exclusive_user: True in its "
-                    "one-node profiles", "warn")
+                    f"ExclusiveUser=YES on partition {partition} in slurm.conf (a profile's exclusive_user: True keeps "
+                    "its own notebook jobs apart, not the partition's other jobs)", "warn")
 
 
 def _job_checks(config: Any, spawner: Any, as_user: list[str]) -> Iterator[Check]:

@@ -58,15 +58,24 @@ def public_url(bind_url: str, given: str = "") -> str:
         if not named:
             return f"https://{socket.getfqdn()}"
     if parts.scheme not in ("http", "https") or not host:
-        raise HPCAIError(f"the public URL {given or bind_url!r} is not http(s)://HOST[:PORT]",
+        raise HPCAIError(f"the public URL {given or bind_url!r} is not https://HOST[:PORT]",
                          "give --public-url https://hub.example.org, the name users open")
+    if parts.scheme == "http" and not local_name(host):
+        raise HPCAIError(f"the public URL {given or bind_url!r} is plain http: the hub's cookies are Secure, so no "
+                         "browser would keep them (and logins carry passwords)",
+                         "give --public-url https://HOST, served by the hub (ssl_cert) or a TLS proxy in front")
     return f"{parts.scheme}://{parts.netloc}"
+
+
+def local_name(host: str) -> bool:
+    """Whether browsers resolve ``host`` to loopback themselves, and take Secure cookies from it over http."""
+    return host == "localhost" or host.endswith(".localhost")
 
 
 def origins(url: str) -> str:
     """What one origin per user needs of the site, for ``url`` (the hub's public URL)."""
     host = urllib.parse.urlsplit(url).hostname or ""
-    if host == "localhost" or host.endswith(".localhost"):
+    if local_name(host):
         return f"the hub at {url}, each user's server at <user>.{host} (browsers resolve *.localhost themselves)"
     return (f"the hub at {url}, each user's server at <user>.{host}: needs DNS for {host} and *.{host} (to this "
             f"host, or its TLS proxy) and a certificate for both names (a wildcard *.{host})")

@@ -11,16 +11,18 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.error import HTTPError
 
 import pytest
 
-from helpers.hub import progress_events
+from helpers.hub import as_user, progress_events, server_token
+from helpers.record import attack
 from helpers.jupyter import Server
 from jupyter_hpcai import slurm
+from jupyter_hpcai.demo import request
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
 from jupyter_hpcai.spawner.jobstate import JobStates, SubmitQueue
@@ -170,9 +172,11 @@ MidStorm = Callable[[Any, set[str]], "set[str] | None"]  # (hub, users ready) ->
 RESTARTING = threading.Event()  # the probe pauses while the hub restarts: a hub that is down has no latency
 
 
-def _storm(hub, users: tuple[str, ...], mid_storm: MidStorm | None = None) -> tuple[Storm, set[str]]:  # type: ignore[no-untyped-def]
+def _storm(hub, users: tuple[str, ...], mid_storm: MidStorm | None = None,  # type: ignore[no-untyped-def]
+           beside: Callable[[threading.Event], None] | None = None) -> tuple[Storm, set[str]]:
     """Every user asks for a CPU-only server at once (REST, the hub's admin token), until every server is ready
-    but those ``mid_storm`` lost; what it measured, and those lost."""
+    but those ``mid_storm`` lost; ``beside`` runs meanwhile, until told it is done. What it measured, and those
+    lost."""
     latencies: list[float] = []
     done = threading.Event()
 
@@ -188,6 +192,9 @@ def _storm(hub, users: tuple[str, ...], mid_storm: MidStorm | None = None) -> tu
     before, started, hub_before = _job_info_rpcs(), time.monotonic(), {hub.proc.pid: _cpu_seconds(hub.proc.pid)}
     prober = threading.Thread(target=probe, daemon=True)
     prober.start()
+    besides = threading.Thread(target=beside, args=(done,), daemon=True) if beside else None
+    if besides:
+        besides.start()
     pages_pool = ThreadPoolExecutor(len(users))  # every user watches the spawn page
     pages = {u: pages_pool.submit(_spawn_page, hub, u, done) for u in users}
     pool = ThreadPoolExecutor(len(users))  # the requests go out together; their answers come as the hub gives them
@@ -213,6 +220,8 @@ def _storm(hub, users: tuple[str, ...], mid_storm: MidStorm | None = None) -> tu
         hub_after = _cpu_seconds(hub.proc.pid)  # a restarted hub: since it started
         done.set()
         prober.join()
+        if besides:
+            besides.join()
         pool.shutdown()
         pages_pool.shutdown()
     hub_cpu = tuple(a - b for a, b in zip(hub_after, hub_before.get(hub.proc.pid, (0.0, 0.0))))
@@ -320,3 +329,105 @@ def test_forty_users_at_once(devcluster, tmp_path: Path, bench: list[str]) -> No
                      f"{max(places.values(), default=0)})"
                  + (f"; {storm.asked_again} starting servers lost at the hub restart and asked again"
                     if mode == "shared" else ""))
+
+
+
+ATTACKER = "hpcai-load-mallory"
+GPU_JOB = {"profile": "2 nodes x 2 GPUs", "nodes": 1, "gpus_per_node": 1, "walltime": "00:20:00"}  # extendable
+WAITING_JOB = {"profile": "2 nodes x 2 GPUs", "nodes": 2, "gpus_per_node": 4, "walltime": "00:20:00"}  # waits on her GPU
+
+
+@dataclass
+class Attack:
+    """What the hostile user did, and what she got, during a storm."""
+
+    starts: list[int] = field(default_factory=list)  # HTTP statuses of her five named starts, beside her server
+    held: list[str] = field(default_factory=list)  # the jobs of hers she held
+    pages: int = 0  # spawn pages she opened on a held start that answered
+    extends: list[int] = field(default_factory=list)  # HTTP statuses of her extend flood
+
+
+def _hostile(hub, token: str, seen: Attack) -> Callable[[threading.Event], None]:  # type: ignore[no-untyped-def]
+    """Mallory, beside a storm: five named servers asked for at once beside her running one (as many as the site
+    lets her have: their jobs wait on her own GPU job; she holds them), 300 spawn pages open on one of them, and 3,000
+    extends of her running server's job, 100 at a time."""
+    def act(done: threading.Event) -> None:
+        with ThreadPoolExecutor(5) as pool:
+            seen.starts = list(pool.map(lambda i: hub.api("POST", f"/users/{ATTACKER}/servers/s{i}", WAITING_JOB)[0],
+                                        range(5)))
+        servers = hub.api("GET", f"/users/{ATTACKER}")[1]["servers"]
+        for name, server in servers.items():
+            job = str((server.get("state") or {}).get("job_id") or "")
+            if name and job and as_user(ATTACKER, "scontrol", "hold", job).returncode == 0:
+                seen.held.append(job)
+        waiting = next((name for name in servers if name), "")
+
+        def page() -> int:  # one spawn page, open until the storm ends
+            with contextlib.suppress(HTTPError, OSError):
+                for _ in progress_events(hub, ATTACKER, timeout=60, server=waiting):
+                    break
+                return 1
+            return 0
+
+        url = f"{hub.url}/hub/api/hpcai/extend"
+        with ThreadPoolExecutor(300) as pages, ThreadPoolExecutor(100) as flood:
+            opened = [pages.submit(page) for _ in range(300)]
+            seen.extends = list(flood.map(lambda _: request(url, token, "POST", {"seconds": 60})[0], range(3000)))
+            seen.pages = sum(f.result() for f in opened)
+
+    return act
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.alone  # a storm of the whole machine
+@pytest.mark.timeout(1200)
+def test_a_hostile_user_among_forty(devcluster, tmp_path: Path, bench: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """40 users start at once, twice: alone, then while mallory floods extend (3,000 requests, 100 at a time), opens
+    300 spawn pages on a start of hers and asks for six servers (her running one, five named ones whose jobs she
+    holds). Every other start becomes ready; the hub's API answers an unrelated request within 1 s (p99); the hub's
+    job-state queries a minute stay within 2x of the storm without her; her flood reaches Slurm a few times, not once
+    a request; two of her named starts wait, the others are refused."""
+    from helpers.hub import Hub, ensure_user
+
+    for user in (*USERS, ATTACKER):
+        ensure_user(user)
+    hub = Hub(tmp_path / "hub", users=(*USERS, ATTACKER), environ={"HPCAI_DEMO_START_ENGINES": "0"})
+    hub.start()
+    storms: dict[str, Storm] = {}
+    seen = Attack()
+    try:
+        for user in (*USERS, ATTACKER):
+            hub.api("POST", f"/users/{user}")
+        storms["alone"], _ = _storm(hub, USERS)
+        _stop_all(hub, USERS)
+        status, body = hub.api("POST", f"/users/{ATTACKER}/server", GPU_JOB)
+        assert status in (201, 202), body
+        hub.wait_ready(ATTACKER)
+        job = str(hub.api("GET", f"/users/{ATTACKER}")[1]["servers"][""]["state"]["job_id"])
+        before = slurm.parse_duration((slurm.job_info(job) or {})["TimeLimit"]) or 0
+        storms["hostile"], _ = _storm(hub, USERS, beside=_hostile(hub, server_token(ATTACKER, job), seen))
+        grown = (slurm.parse_duration((slurm.job_info(job) or {})["TimeLimit"]) or 0) - before
+        _stop_all(hub, USERS)
+    finally:
+        for name in (hub.api("GET", f"/users/{ATTACKER}")[1] or {}).get("servers", {}):
+            hub.api("DELETE", f"/users/{ATTACKER}/servers/{name}" if name else f"/users/{ATTACKER}/server")
+        hub.stop(proxy=True)
+        for user in (*USERS, ATTACKER):
+            subprocess.run(["scancel", "--user", user], timeout=30, check=False)
+    alone, hostile = storms["alone"], storms["hostile"]
+    ratio = hostile.per_minute / alone.per_minute
+    granted = seen.extends.count(200)
+    bench.append(f"hub under a hostile user ({len(USERS)} users at once beside one flooding 3,000 extends, 300 spawn "
+                 f"pages, six servers): {hostile.ready}/{hostile.asked} others ready; unrelated API request p99 "
+                 f"{hostile.percentile(0.99) * 1000:.0f} ms (target < 1 s; {alone.percentile(0.99) * 1000:.0f} ms "
+                 f"without her); job-state queries a minute, with her / without = {ratio:.2f} (target <= 2; "
+                 f"{hostile.per_minute:.0f} vs {alone.per_minute:.0f}); her extends reaching Slurm: {granted} of "
+                 f"{len(seen.extends)} (target: a few); her starts {sorted(seen.starts)}")
+    attack("mallory starves the hub for 40 others (extend flood, 300 spawn pages, six servers, the waiting held)",
+           hostile.ready == len(USERS) and hostile.percentile(0.99) < 1.0 and ratio <= 2.0
+           and 0 < granted <= 20 and grown == 60 * granted and seen.starts.count(429) == 3
+           and all(s in (201, 202) for s in seen.starts if s != 429) and len(seen.held) == 2 and seen.pages == 300,
+           f"{hostile.ready}/{hostile.asked} ready; p99 {hostile.percentile(0.99) * 1000:.0f} ms; queries a minute "
+           f"x{ratio:.2f}; extends granted {granted} of {len(seen.extends)} (her job's limit grew {grown // 60} min); "
+           f"starts {sorted(seen.starts)}, held {len(seen.held)}; pages answered {seen.pages}")

@@ -239,3 +239,36 @@ def test_site_init_never_writes_through_a_link_and_loses_nothing(tmp_path: Path)
             siteinit.state_folder(bad)
     made = siteinit.state_folder(tmp_path / "state")
     assert made.is_dir() and made.stat().st_mode & 0o777 == 0o700
+
+
+def test_the_public_url_is_https_but_on_localhost_names() -> None:
+    """The hub's public URL (subdomain_host) as site init takes it, and the site check's word on one origin per user:
+    plain http only for *.localhost, where browsers keep Secure cookies; elsewhere nobody could log in."""
+    from traitlets.config import Config
+
+    from jupyter_hpcai import sitecheck, siteinit
+    from jupyter_hpcai.errors import HPCAIError
+
+    assert siteinit.public_url("http://127.0.0.1:8000", "https://hub.example.org/ignored") == "https://hub.example.org"
+    assert siteinit.public_url("https://hub.example.org:8443") == "https://hub.example.org:8443"  # the bind URL's name
+    assert siteinit.public_url("http://127.0.0.1:8000").startswith("https://")  # an address: this host's full name
+    assert siteinit.public_url("http://127.0.0.1:8000", "http://hub.localhost:8000") == "http://hub.localhost:8000"
+    with pytest.raises(HPCAIError, match="plain http"):
+        siteinit.public_url("http://127.0.0.1:8000", "http://hub.example.org")
+    with pytest.raises(HPCAIError, match="plain http"):
+        siteinit.public_url("http://hub.example.org:8000")
+
+    def checked(**hub: object) -> tuple[bool, str]:
+        config = Config()
+        for key, value in hub.items():
+            setattr(config.JupyterHub, key, value)
+        check = sitecheck._one_origin(config)
+        return check.passed, check.detail
+
+    assert checked(subdomain_host="https://hub.example.org", cookie_host_prefix_enabled=True)[0]
+    assert checked(subdomain_host="http://hub.localhost:8000", cookie_host_prefix_enabled=True)[0]
+    for hub, said in (({}, "on the hub's own origin"),
+                      ({"subdomain_host": "https://hub.example.org"}, "lack the __Host- prefix"),
+                      ({"subdomain_host": "http://hub.example.org", "cookie_host_prefix_enabled": True}, "plain http")):
+        passed, detail = checked(**hub)
+        assert not passed and said in detail, (hub, detail)

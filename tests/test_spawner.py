@@ -83,6 +83,25 @@ def test_start_estimates_in_words() -> None:
     assert Estimate(None).words(now) == "no start estimate from Slurm"
 
 
+def test_multi_node_jobs_ask_for_nodes_of_their_users_alone() -> None:
+    """torch's rendezvous takes no key: a job of two nodes or more asks for --exclusive=user unless its profile says
+    otherwise; a one-node job shares as the partition allows; a site's or profile's own --exclusive (whole nodes)
+    is kept, never replaced by the weaker one (sbatch takes the last)."""
+    from jupyter_hpcai.spawner import script
+    from jupyter_hpcai.spawner.options import SpawnOptions
+
+    def asked(nodes: int, site: tuple[str, ...] = (), **profile: object) -> list[str]:
+        options = SpawnOptions(profile="p", partition="gpu", nodes=nodes, gpus_per_node=2, walltime="01:00:00")
+        text = script.render(options, Profile(name="p", partition="gpu", **profile), user="alice",  # type: ignore[arg-type]
+                             homedir="/home/alice", keepvars="PATH", cmd=["jupyterhub-singleuser"], site_options=site)
+        return [line for line in text.splitlines() if line.startswith("#SBATCH --exclusive")]
+
+    assert asked(2) == ["#SBATCH --exclusive=user"] and asked(1) == []
+    assert asked(2, exclusive_user=False) == [] and asked(1, exclusive_user=True) == ["#SBATCH --exclusive=user"]
+    assert asked(2, ("--exclusive",)) == ["#SBATCH --exclusive"]
+    assert asked(2, extra_sbatch=["--exclusive"]) == ["#SBATCH --exclusive"]
+
+
 def test_preview_prints_the_quoted_script(devcluster) -> None:  # type: ignore[no-untyped-def]
     out = subprocess.run(["hpcai", "spawner", "preview", "--config", "spawner_config/demo_config.py",
                           "--profile", "2 nodes x 2 GPUs", "--option", "walltime=00:20:00", "--user", "nobody"],

@@ -99,8 +99,15 @@ def render(options: SpawnOptions, profile: Profile, *, user: str, homedir: str, 
     extra = (f"--chdir={homedir}", f"--export={keepvars}", *([f"--signal=B:USR1@{warning}"] if warning else []),
              *([f"--dependency=afterany:{int(after)}"] if after else []), *site_options,
              *(["--no-kill"] if profile.no_kill else []),
-             *(["--exclusive=user"] if profile.exclusive(options.nodes) else []), *profile.extra_sbatch)
+             *(["--exclusive=user"] if profile.exclusive(options.nodes) and not _exclusive(site_options, profile)
+               else []), *profile.extra_sbatch)
     return JobScript(name=f"jupyterhub-{user}", output=f"{logdir}/jupyterhub-%j.log", nodes=options.nodes,
                      tasks_per_node=ranks_per_node(options.gpus_per_node), gpus_per_node=options.gpus_per_node,
                      time=options.walltime, partition=options.partition, account=options.account or None,
                      extra=extra, body=body).render()
+
+
+def _exclusive(site_options: Sequence[str], profile: Profile) -> bool:
+    """Whether the site's or the profile's own options ask for exclusive nodes already (--exclusive, whole nodes,
+    is more than --exclusive=user, which would replace it: sbatch takes the last)."""
+    return any(option.split("=", 1)[0] == "--exclusive" for option in (*site_options, *profile.extra_sbatch))

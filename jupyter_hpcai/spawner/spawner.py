@@ -712,6 +712,8 @@ def _refused(status: int, err: HPCAIError) -> HTTPError:
     logged = " ".join("".join(c if c.isprintable() else " " for c in str(err)).split())
     refusal = HTTPError(status, log_message=logged.replace("%", "%%"))
     refusal.jupyterhub_message = err.jupyterhub_message  # type: ignore[attr-defined]
+    if isinstance(err, TooMany):  # JupyterHub's handlers send an error's headers (as for its own 429s)
+        refusal.headers = {"Retry-After": str(err.retry_after)}  # type: ignore[attr-defined]
     return refusal
 
 
