@@ -205,14 +205,18 @@ def job_script(spec: JobSpec, python_script: Path, python: str | None = None) ->
              "set -euo pipefail", "unset SLURM_EXPORT_ENV  # the ranks get this shell's whole environment"]
     # every node's Slurm address, for each rank to find its interface (network.py), as the kernel gives engines
     lines += export_node_addresses(NODE_ADDRS)
-    if FRAMEWORKS[spec.framework].params is not None:  # a rendezvous (torch's): the first node, a port from the job id
+    rendezvous = FRAMEWORKS[spec.framework].params is not None
+    if rendezvous:  # torch's store: the first node, a port from the job id
         lines += ['first=${addrs[0]}', f"export {MASTER_ADDR_VAR}=${{first#*=}}",
                   f"export {MASTER_PORT_VAR}=$((20000 + SLURM_JOB_ID % 20000))"]
     run = rank_launch(spec.nodes, spec.gpus_per_node, [
         python or sys.executable, "-m", "jupyter_hpcai.envs.run", "--root", str(spec.env.root), "--build",
         spec.env.build, spec.env.name, "--", str(python_script)])
+    # that port is known before the job starts and its store takes no key: a job of several nodes has them to its
+    # user alone, so that no other user's job there takes the port first, or serves as the store (as a notebook's)
+    exclusive = ("--exclusive=user",) if rendezvous and spec.nodes > 1 else ()
     return JobScript(name=spec.stem, nodes=spec.nodes, tasks_per_node=ranks_per_node(spec.gpus_per_node),
-                     gpus_per_node=spec.gpus_per_node, time=spec.time, partition=spec.partition,
+                     gpus_per_node=spec.gpus_per_node, time=spec.time, partition=spec.partition, extra=exclusive,
                      account=spec.account, output=f"{python_script.parent}/{spec.stem}-%j.out",
                      body="\n".join([*lines, run, ""])).render()
 

@@ -435,6 +435,13 @@ for path in sys.argv[4:]:  # as Horovod's client puts each: /<world's key>:<port
 print(" ".join(said))
 """
 
+HEAD = """
+import http.client, sys
+conn = http.client.HTTPConnection(sys.argv[1], int(sys.argv[2]), timeout=10)
+conn.request("HEAD", "/")
+print(conn.getresponse().status)
+"""
+
 
 def test_the_horovod_rendezvous_answers_only_the_worlds_nodes_with_its_key(devcluster, tf_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Horovod's key-value store carries no key of its own: the kernel's rendezvous answers the world's nodes only,
@@ -465,6 +472,10 @@ def test_the_horovod_rendezvous_answers_only_the_worlds_nodes_with_its_key(devcl
                seen[0].startswith("refused"), seen[0])
         seen = put("n1", 1 << 30, f"{keyed}/global_/0")
         attack("a 1 GiB PUT into the kernel's Horovod rendezvous", seen == ["413"], seen[0])
+        head = subprocess.run(["ip", "netns", "exec", f"{devcluster.netns_prefix}n1", sys.executable, "-c", HEAD, login,
+                               port], capture_output=True, text=True, timeout=60).stdout.strip()
+        attack("HEAD (Python's file server's own) on the kernel's Horovod rendezvous: which files its folder holds",
+               head == "405", head)
         scopes = put("n1", 20, *(f"{keyed}/scope{i}/0" for i in range(80)))  # a 2-rank world: 4 * 2 + 64 scopes
         keys = put("n1", 20, *(f"{keyed}/global_/{i}" for i in range(1100)))  # and 16 * 2 + 1024 keys in all
         first_full = keys.index("507") if "507" in keys else len(keys)
@@ -484,11 +495,15 @@ addr = sys.argv[1]
 port = held_port(addr)  # rank 0, as the kernel asks it for the world's port
 print(port, flush=True)
 sys.stdin.readline()  # the kernel computes the world's params meanwhile; then rank 0's store takes the socket
-held = take_held(port)
-store = dist.TCPStore(addr, port, 1, True, datetime.timedelta(seconds=30), master_listen_fd=held.fileno(),
-                      use_libuv=False)
-store.set("rank0", "here")
-print(store.get("rank0").decode(), flush=True)
+for world in range(2):  # and the next world's (a grown or rested one) after this one's store has gone
+    held = take_held(port)
+    store = dist.TCPStore(addr, port, 1, True, datetime.timedelta(seconds=30), master_listen_fd=held.detach(),
+                          use_libuv=False)
+    store.set("rank0", f"here {world}")
+    said = store.get("rank0").decode()
+    del store
+    port = held_port(addr)
+print(said, flush=True)
 """
 TAKE = """
 import socket, sys
@@ -519,7 +534,7 @@ def test_torchs_rendezvous_port_is_held_from_when_it_is_chosen(devcluster, torch
         served = rank0.stdout.readline().strip()  # type: ignore[union-attr]
     finally:
         rank0.kill()
-    assert served == "here"  # rank 0's store serves on the socket it held
+    assert served == "here 1"  # rank 0's store serves on the socket it held, and the next world's on its own
     with socket.socket() as chosen:  # the control: chosen, then let go
         chosen.bind((addr, 0))
         free = str(chosen.getsockname()[1])

@@ -96,7 +96,9 @@ def test_an_exported_torch_notebook_prints_what_the_notebook_did(devcluster, tor
     in_notebook, in_job, said = _notebook_and_job(torch_env, TORCH, tmp_path)
     assert in_notebook == in_job == ["[rank 0 n1] sum 9.0 world 2 local rank 0",
                                      "[rank 1 n2] sum 9.0 world 2 local rank 0"], (in_notebook, in_job, said)
-    assert "HPCAI_MASTER_ADDR" in (tmp_path / "train.sbatch").read_text()
+    sbatch = (tmp_path / "train.sbatch").read_text()
+    # torch's store takes no key and its port is known before the job starts: two nodes of this user's alone
+    assert "HPCAI_MASTER_ADDR" in sbatch and "#SBATCH --exclusive=user\n" in sbatch
 
 
 def test_what_cannot_be_exported_is_said(tmp_path: Path) -> None:
@@ -127,3 +129,4 @@ def test_the_scripts_keep_the_cells_and_drop_the_magics(tmp_path: Path) -> None:
     assert "print('not exported')" not in script and "%hpc start" not in script
     sbatch = export.job_script(spec, tmp_path / "n_job.py")
     assert "#SBATCH --nodes=2\n" in sbatch and "--kill-on-bad-exit=1" in sbatch and "HPCAI_MASTER" not in sbatch
+    assert "--exclusive" not in sbatch  # Horovod's world needs no store of torch's

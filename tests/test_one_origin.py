@@ -119,3 +119,33 @@ def test_a_page_bob_serves_cannot_act_as_alice(hub: Hub, users: None, tmp_path: 
            "token" not in got and all(not t.get("user") for t in got["tried"]),
            f"what its script got: {json.dumps(got)[:240]}; control, every server on the hub's origin: the page "
            f"got a token that answers the hub's API as {USER}")
+
+
+def _plain(url: str, method: str = "GET") -> tuple[int, str]:
+    """``method`` ``url`` without following a redirect: the status and where it points."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    from jupyter_hpcai.demo import loopback
+
+    target, host = loopback(url)
+    parts = urlsplit(target)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    conn.request(method, parts.path, headers=host)
+    reply = conn.getresponse()
+    return reply.status, reply.getheader("Location") or ""
+
+
+def test_the_hubs_pages_answer_on_the_hubs_origin_only(hub: Hub) -> None:
+    """The proxy sends every name to the hub (it must, for a user's server that is not running): the hub's login
+    page on bob's origin would set a logged-in visitor's cookie where bob's server receives it, and run beside his
+    script (which could read the password typed). The hub sends such a request to its own origin (GET) or refuses
+    it; the control: the same page on the hub's origin is the page."""
+    bobs = f"http://{BOB}.{hub.host}:{hub.port}"
+    status, where = _plain(f"{bobs}/hub/login")
+    posted, _ = _plain(f"{bobs}/hub/login", "POST")
+    control, _ = _plain(f"{hub.url}/hub/login")
+    assert control == 200
+    attack("the hub's login page served on bob's origin (a visitor's login cookie set where bob's server reads it)",
+           status == 302 and where == f"{hub.url}/hub/login" and posted == 403,
+           f"GET {status} to {where}; POST {posted}; control, on the hub's origin: {control}")

@@ -119,7 +119,6 @@ def _user_ns() -> dict[str, Any]:
 
 
 _held: dict[int, socket.socket] = {}  # listening sockets this rank holds for a rendezvous it will serve, by port
-_serving: list[socket.socket] = []  # the one its rendezvous server listens on now: open as long as the server
 
 
 def held_port(addr: str) -> int:
@@ -132,16 +131,12 @@ def held_port(addr: str) -> int:
 
 
 def take_held(port: int) -> socket.socket | None:
-    """The socket ``held_port`` keeps for ``port`` (its server now owns it), or None; the others it held are
-    closed (asked for by a world that never came)."""
+    """The socket ``held_port`` keeps for ``port``, for its server to take over (``detach()``: the server closes it
+    then), or None; the others it held are closed (asked for by a world that never came)."""
     taken = _held.pop(port, None)
     for stale in _held.values():
         stale.close()
     _held.clear()
-    if taken is not None:  # the world before this one has gone, and its server with it
-        for old in _serving:
-            old.close()
-        _serving[:] = [taken]
     return taken
 
 

@@ -142,6 +142,7 @@ def launch_hosts(per_node: Sequence[int]) -> list[str]:
 
 MAX_RENDEZVOUS_VALUE = 1 << 16  # bytes one PUT may carry: a rank's address and port, with room to spare
 MAX_RENDEZVOUS_BYTES = 64 << 20  # bytes a world's rendezvous holds in all
+MAX_RENDEZVOUS_CONNECTIONS = 256  # requests it serves at once (each a thread for up to 3 s, Horovod's own timeout)
 
 
 def horovod_rendezvous(world: World, hosts: Sequence[str], addresses: Iterable[str]) -> tuple[str, int, str]:
@@ -155,8 +156,8 @@ def horovod_rendezvous(world: World, hosts: Sequence[str], addresses: Iterable[s
     if server is None:
         server = world.services["horovod"] = rendezvous_server(world.listens)
         threading.Thread(target=server.serve_forever, name="hpcai-horovod-rendezvous", daemon=True).start()
+    server.renew(len(hosts))  # the new world's key first, then the nodes that may ask with it
     server.allowed = {world.listens, LOOPBACK, *addresses}
-    server.renew(len(hosts))
     server.init([SlotInfo(**slot) for slot in horovod_slots(hosts)])
     return world.listens, int(server.server_address[1]), str(server.key)
 
@@ -191,6 +192,9 @@ def rendezvous_server(listens: str) -> Any:
             if self._keyed():
                 super().do_GET()
 
+        def do_HEAD(self) -> None:  # Python's file server's own, which would stat files below the kernel's folder
+            self.send_status_code(405)
+
         def do_DELETE(self) -> None:
             if self._keyed():
                 super().do_DELETE()
@@ -213,11 +217,18 @@ def rendezvous_server(listens: str) -> Any:
     class Server(RendezvousHTTPServer):  # type: ignore[misc]
         daemon_threads, block_on_close = True, False
         allowed: set[str] = set()
-        key = ""
+        key = secrets.token_hex(16)  # each world's own from renew()
         limits = (0, 0)  # scopes, keys in all
+        connections = threading.BoundedSemaphore(MAX_RENDEZVOUS_CONNECTIONS)  # at once: a thread each
 
         def verify_request(self, request: Any, client_address: Any) -> bool:
-            return str(client_address[0]) in self.allowed
+            return str(client_address[0]) in self.allowed and self.connections.acquire(blocking=False)
+
+        def process_request_thread(self, request: Any, client_address: Any) -> None:
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                self.connections.release()
 
         def renew(self, size: int) -> None:
             """A fresh key, and bounds, for a world of ``size`` ranks: Horovod's scopes are the world, each node and
@@ -403,7 +414,7 @@ def _torch_store(dist: Any, params: dict[str, Any], rank: int, timeout: Any) -> 
     (calls.held_port; an exported job's rank 0 binds the job's port as it starts), the others connect there."""
     held = take_held(int(params["master_port"])) if rank == 0 else None
     return dist.TCPStore(params["master_addr"], int(params["master_port"]), params["world_size"], rank == 0, timeout,
-                         **({"master_listen_fd": held.fileno(), "use_libuv": False} if held is not None else {}))
+                         **({"master_listen_fd": held.detach(), "use_libuv": False} if held is not None else {}))
 
 
 def _torch_max(value: int) -> int:

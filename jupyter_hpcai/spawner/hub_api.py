@@ -37,6 +37,7 @@ from typing import Any
 
 import batchspawner.api
 from jupyterhub.apihandlers import APIHandler, default_handlers
+from jupyterhub.handlers.base import BaseHandler
 from tornado import web
 
 from ..allocation import end_time
@@ -197,10 +198,40 @@ HANDLERS: list[tuple[str, type[APIHandler]]] = [
 
 
 def register() -> None:
-    """Our handlers into the hub's API handlers, batchspawner's taken out (the hub config calls it; idempotent)."""
+    """Our handlers into the hub's API handlers, batchspawner's taken out, and the hub's pages kept to the hub's own
+    origin (the hub config calls it; idempotent)."""
     ours = {path for path, _ in HANDLERS}
     default_handlers[:] = [h for h in default_handlers
                            if h[0] not in ours and h[1] is not batchspawner.api.BatchSpawnerAPIHandler] + HANDLERS
+    if BaseHandler.prepare is not _prepare_on_the_hubs_origin:
+        _prepared[:] = [BaseHandler.prepare]
+        BaseHandler.prepare = _prepare_on_the_hubs_origin
+
+
+def on_a_users_origin(handler: BaseHandler) -> bool:
+    """Whether a request for one of the hub's own pages came to a user's origin (``<user>.<the hub's domain>``): the
+    proxy sends every name to the hub, and a page there would run beside what that user's server serves, its cookies
+    (a login's) set where that user's server receives them."""
+    domain = handler.settings.get("domain", "")
+    return bool(handler.settings.get("subdomain_host") and domain) \
+        and handler.request.host_name.lower().endswith(f".{domain.lower()}") \
+        and handler.request.path.startswith(handler.hub.base_url)
+
+
+_prepared: list[Any] = []  # JupyterHub's own BaseHandler.prepare, which ours runs after its check
+
+
+async def _prepare_on_the_hubs_origin(self: BaseHandler) -> None:
+    """JupyterHub's prepare, for a request on the hub's origin (or the servers' internal API); a page asked for on
+    a user's origin is sent to the hub's own (GET, HEAD), or refused."""
+    if on_a_users_origin(self):
+        self.log.warning("Refused %s %s on a user's origin (%s)", self.request.method, self.request.path,
+                         self.request.host_name)
+        if self.request.method not in ("GET", "HEAD"):
+            raise web.HTTPError(403, "the hub answers on its own origin only")
+        self.redirect(f"{self.settings['subdomain_host']}{self.request.uri}")
+        raise web.Finish()
+    await _prepared[0](self)
 
 
 def registered() -> bool:

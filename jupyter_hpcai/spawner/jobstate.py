@@ -18,10 +18,13 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from .. import slurm
 
+# the queries' own threads: a storm of forms, starts and checks on the default pool never delays the cycle's squeue
+POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hpcai-job-states")
 FORGET_AFTER = 300  # seconds: a job nobody asked about for this long leaves the query
 LOG_EVERY = 60
 
@@ -53,7 +56,7 @@ class JobStates:
             found = self._snapshot[job_id]
         else:  # asked for, and missing: gone, or just out of squeue's sight; its own answer decides
             self._count()
-            found = await asyncio.to_thread(slurm.job_info, job_id)
+            found = await asyncio.get_running_loop().run_in_executor(POOL, slurm.job_info, job_id)
         self._log(log)
         return found
 
@@ -61,7 +64,7 @@ class JobStates:
         """Slurm's record of ``job_id`` now, asked for on its own (what a decision on a value the hub itself just
         changed needs: an extend's time limit); the cycle's snapshot takes it too."""
         self._count()
-        found = await asyncio.to_thread(slurm.job_info, job_id)
+        found = await asyncio.get_running_loop().run_in_executor(POOL, slurm.job_info, job_id)
         if found is not None and job_id in self._snapshot:
             self._snapshot[job_id] = found
         return found
@@ -83,7 +86,7 @@ class JobStates:
         ids = [job for job, at in self._asked.items() if time.monotonic() - at < FORGET_AFTER]
         self._asked = {job: self._asked[job] for job in ids}
         self._count()
-        return await asyncio.to_thread(slurm.jobs_info, ids), set(ids)
+        return await asyncio.get_running_loop().run_in_executor(POOL, slurm.jobs_info, ids), set(ids)
 
     def _count(self) -> None:
         self.calls.append(time.monotonic())

@@ -32,13 +32,16 @@ def pending_message(job_id: str, reason: str, start: str) -> str:
 
 
 class Feed:
-    """One start's spawn-page events: made by one producer, read whole by every stream that watches the start (each
-    from its first event), so that a user's hundred open spawn pages cost the hub one watcher, and Slurm nothing more.
-    ``owner`` names the start (JupyterHub's spawn future)."""
+    """One start's spawn-page events: made by one producer, read by every stream that watches the start (each from
+    the first event kept), so that a user's hundred open spawn pages cost the hub one watcher, and Slurm nothing
+    more. ``owner`` names the start (JupyterHub's spawn future)."""
+
+    KEEP = 50  # the latest events a page that opens later is shown (a follow-up may wait for hours)
 
     def __init__(self, events: AsyncIterator[dict[str, Any]], owner: object) -> None:
         self.owner = owner
         self._events: list[dict[str, Any]] = []
+        self._dropped = 0  # events made before the first kept one
         self._ended = False
         self._changed = asyncio.Condition()
         self._task = asyncio.ensure_future(self._make(events))
@@ -48,6 +51,9 @@ class Feed:
             async for event in events:
                 async with self._changed:
                     self._events.append(event)
+                    if len(self._events) > self.KEEP:
+                        del self._events[0]
+                        self._dropped += 1
                     self._changed.notify_all()
         finally:
             async with self._changed:
@@ -55,14 +61,15 @@ class Feed:
                 self._changed.notify_all()
 
     async def read(self) -> AsyncIterator[dict[str, Any]]:
-        """Every event, from the first, as it comes; until the producer ends."""
-        seen = 0
+        """Every event kept, from the first, then each as it comes; until the producer ends. (A reader slower than
+        KEEP events skips what was dropped meanwhile.)"""
+        seen = 0  # events made before the next one to read
         while True:
             async with self._changed:
-                await self._changed.wait_for(lambda: len(self._events) > seen or self._ended)
-                new, ended = self._events[seen:], self._ended
+                await self._changed.wait_for(lambda: self._dropped + len(self._events) > seen or self._ended)
+                new, ended = self._events[max(0, seen - self._dropped):], self._ended
+                seen = self._dropped + len(self._events)
             for event in new:
                 yield event
-            seen += len(new)
             if ended:
                 return

@@ -7,16 +7,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from .. import slurm
 from .estimates import Estimate, Estimates
 from .jobstate import JobStates, SubmitQueue
 from .options import Profile
+
+T = TypeVar("T")
+
+
+class Cached(Generic[T]):
+    """A value made at most once per ``ttl`` seconds, and once at a time: the threads that ask meanwhile wait for it
+    (a storm of forms runs one sinfo, not one each)."""
+
+    def __init__(self, make: Callable[[], T], ttl: float) -> None:
+        self._make, self._ttl = make, ttl
+        self._made: tuple[float, T] | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> T:
+        with self._lock:
+            if self._made is None or time.monotonic() - self._made[0] >= self._ttl:
+                self._made = (time.monotonic(), self._make())
+            return self._made[1]
 
 
 @dataclass(frozen=True)
@@ -32,21 +52,23 @@ class Settings:
 class Scheduler:
     """Slurm as the hub's spawners ask it, each question asked once for all of them."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, environments: Callable[[], dict[str, str]] = dict) -> None:
         self.settings = settings
         self.job_states = JobStates()
         self.submits = SubmitQueue()
         self.estimates = Estimates()
-        self._partitions: tuple[float, list[slurm.Partition]] | None = None
+        self._partitions = Cached(slurm.partitions, settings.limits_ttl)
+        self._environments = Cached(environments, settings.limits_ttl)
         self._turns: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)  # user -> held while theirs submits
 
     def partitions(self) -> list[slurm.Partition]:
         """sinfo's partitions, cached for ``limits_ttl`` seconds (one sinfo per form, not per keystroke)."""
-        if self._partitions and time.monotonic() - self._partitions[0] < self.settings.limits_ttl:
-            return self._partitions[1]
-        found = slurm.partitions()
-        self._partitions = (time.monotonic(), found)
-        return found
+        return self._partitions.get()
+
+    def site_environments(self) -> dict[str, str]:
+        """The site's environments (a scan of its roots), cached for ``limits_ttl`` seconds: every form and start
+        reads them."""
+        return self._environments.get()
 
     async def start_estimates(self, user: str, prefix: Sequence[str], profiles: Sequence[Profile],
                               env: Mapping[str, str]) -> dict[str, Estimate]:

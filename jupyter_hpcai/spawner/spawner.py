@@ -40,7 +40,9 @@ LOG_TAIL_BYTES = 8192  # of a failed job's log, shown on the spawn page
 LAUNCHER = "hpcai-singleuser"  # the job's server start (server/singleuser.py)
 IDENTITY_BYTES = 4096  # of the answer to the hub's identity check
 SILENT_FOR = 300.0  # seconds without a proof from a running server's port before its job is ended
-HOLDS_ITS_PORT = ("SUSPENDED", "STOPPED", "RESIZING")  # a started job's states whose processes live on, not probed
+HOLDS_ITS_PORT = ("SUSPENDED", "STOPPED", "RESIZING", "SIGNALING")  # a started job's processes live on: not probed
+PROBE_EVERY = 10.0  # seconds: a running server's port is asked at most this often, however many polls want it
+OWNER_WAITS = ("JobHeldUser", "BeginTime")  # a waiting job's reasons that are its owner's doing (held_start_timeout)
 # All a command the hub runs as a user gets of the hub's own environment (which holds the hub's secrets, and
 # which sudo -E would pass on for the user to read in /proc): nothing but where the programs and Slurm are.
 COMMAND_ENV = ("PATH", "LANG", "LC_ALL", "SLURM_CONF")
@@ -122,10 +124,13 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     _last_proof = 0.0  # time.monotonic() of the running server's last proof (or of this hub's first look)
     _scheduler: ClassVar[Scheduler | None] = None  # the hub's one, made by the first spawner that asks
     _reason = ""  # Slurm's reason for the job's state, at the last query
-    _held_since: float | None = None  # time.monotonic() when this start's job was first seen held by its owner
+    _held_for = 0.0  # seconds this start's job has waited for its owner (_held), up to the last look
+    _held_seen: float | None = None  # time.monotonic() of the last look, where it was waiting for its owner then
     _feed: Feed | None = None  # this start's spawn-page events, made once for every stream that reads them
     _report: tuple[str, asyncio.Future[str]] | None = None  # (job id, its failure report), made once per job
     _admitted = False  # this start passed the user's share (_check_share): it counts against their next ones
+    _probing: tuple[float, tuple[str, int], asyncio.Future[str]] | None = None  # the last probe: when, where, answer
+    _cancelling: asyncio.Future[bool] | None = None  # the cancel in flight
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -137,7 +142,8 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         spawner's settings, which are the hub config's (users cannot set them: apply_user_options is refused)."""
         if HPCSlurmSpawner._scheduler is None:
             HPCSlurmSpawner._scheduler = Scheduler(Settings(self.limits_ttl, self.start_estimates_ttl,
-                                                            self.job_state_interval, self.max_concurrent_submits))
+                                                            self.job_state_interval, self.max_concurrent_submits),
+                                                   site_environments)
         return HPCSlurmSpawner._scheduler
 
     # the form's last rejected submission (or a link's choices), shown again with a message per field
@@ -159,7 +165,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         return merge_limits(self.scheduler.partitions(), self.limits, list(self.partitions) or None)
 
     def _environments(self) -> dict[str, str]:
-        return dict(self.environments) or site_environments()
+        return dict(self.environments) or self.scheduler.site_environments()
 
     def _validate(self, raw: dict[str, Any]) -> tuple[SpawnOptions, Profile]:
         return validate(raw, self._profiles(), self._limits(), self._environments())
@@ -286,8 +292,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             self._options, _ = await asyncio.to_thread(self._validate, self.user_options or {})
         except OptionsError as err:
             raise _refused(400, err) from None
-        self._take_a_start()
-        self._feed, self._held_since = None, None
+        self._held_for, self._held_seen = 0.0, None
         async with self.scheduler.submission(self.user.name, self):
             as_user = self.exec_prefix.format(username=self.user.name)
             try:  # Slurm writes the log only into a folder that exists: the user makes it (root never does, there)
@@ -324,10 +329,15 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         return self.ip, self.port
 
     def _check_share(self) -> None:
-        """Refuse (429) a start over its user's share of starts waiting at once: max_pending_starts of theirs
-        admitted by this check already (starts asked for at once are not refused for each other). No await between
-        the count and the mark: starts at once are counted one after another."""
+        """Refuse (429) a start over its user's share: more than hub_api_per_minute starts a minute (every start asked
+        for counts: JupyterHub has written the server's records before it calls start), or max_pending_starts of
+        theirs admitted by this check already (starts asked for at once are not refused for each other). No await
+        between the count and the mark: starts at once are counted one after another."""
         self._admitted = False
+        try:
+            SHARES.take(self.user.name, "start", self.hub_api_per_minute)
+        except TooMany as err:
+            raise _refused(429, err) from None
         starting = sorted(s.name or "the default" for s in self.user.spawners.values()
                           if s is not self and s.pending == "spawn" and getattr(s, "_admitted", False))
         if self.max_pending_starts and len(starting) >= self.max_pending_starts:
@@ -337,34 +347,33 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
                 "hub's home page"))
         self._admitted = True
 
-    def _take_a_start(self) -> None:
-        """Refuse (429) a start over its user's hub_api_per_minute starts a minute: one whose options passed, as it
-        is about to run commands (a form the user mistyped costs nothing)."""
-        try:
-            SHARES.take(self.user.name, "start", self.hub_api_per_minute)
-        except TooMany as err:
-            raise _refused(429, err) from None
-
     def follow(self, job_id: str, seconds_left: int) -> None:
         """Make this server the follow-up of job ``job_id`` (hub_api's continue): its job starts once that one ends,
         and its start may take the rest of that job on top of the configured start_timeout (never on top of an
         earlier follow-up's)."""
         self.follows, self.start_timeout = job_id, self._start_timeout + seconds_left
 
+    def _held(self) -> float:
+        """Seconds this start's job has waited, in all, for its owner: held (scontrol hold: JobHeldUser) or put off
+        (a BeginTime the hub never sets), however often released and held again."""
+        now = time.monotonic()
+        if self._held_seen is not None:
+            self._held_for += now - self._held_seen
+        self._held_seen = now if self._reason in OWNER_WAITS else None
+        return self._held_for
+
     async def _cancel_a_long_hold(self) -> None:
-        """Cancel this start's job, and fail the start saying why, once its owner has held it (scontrol hold) for
-        held_start_timeout seconds: while it waits it counts against the hub's limit of starts at once."""
-        if self._reason != "JobHeldUser":
-            self._held_since = None
-            return
-        self._held_since = self._held_since or time.monotonic()
-        if not self.held_start_timeout or time.monotonic() - self._held_since < self.held_start_timeout:
+        """Cancel this start's job, and fail the start saying why, once its owner has held it (scontrol hold, or a
+        later BeginTime) for held_start_timeout seconds in all: while it waits it counts against the hub's limit of
+        starts at once."""
+        held = self._held()
+        if not self.held_start_timeout or held < self.held_start_timeout:
             return
         await self._cancel_quietly()
-        raise HPCAIError(f"job {self.job_id} was held by {self.user.name} (scontrol hold) for "
-                         f"{self.held_start_timeout:g} s, so the hub cancelled it: a start that waits counts against the "
-                         "hub's limit of starts at once, for everyone", "start again when the job may run; release a "
-                         "held start sooner (scontrol release JOBID)")
+        raise _refused(409, HPCAIError(
+            f"job {self.job_id} was held by {self.user.name} (scontrol hold) for {held:.0f} s, so the hub cancelled "
+            "it: a start that waits counts against the hub's limit of starts at once, for everyone",
+            "start again when the job may run; release a held start sooner (scontrol release JOBID)"))
 
     def parse_job_id(self, output: str) -> str:
         """sbatch --parsable's answer: exactly one line, a job id (";cluster" may follow). sbatch runs as the user,
@@ -420,7 +429,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
 
     def clear_state(self) -> None:
         super().clear_state()
-        self._token_digest, self._last_proof = "", 0.0
+        self._token_digest, self._last_proof, self._probing = "", 0.0, None
 
     async def poll(self) -> int | None:
         """batchspawner's poll, but a job whose start a hub restart cut off is cancelled at once: no hub waits for
@@ -444,14 +453,15 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         free for anyone on the node to take; or something else answers there (another user's process on the port the
         server gave up); or no proof came for SILENT_FOR seconds (nothing listens, or a squatter hangs on the probe
         alone; time, not probes: users' page loads poll too, and a server may stall a while on a slow file system).
-        A job whose processes live on stopped (SUSPENDED, STOPPED) or RESIZING holds its port and cannot answer: kept
-        unprobed. A job the cancel failed for is kept, to be tried again at the next poll."""
+        A job whose processes live on stopped (SUSPENDED, STOPPED), RESIZING or SIGNALING holds its port: kept unprobed.
+        A job the cancel failed for is kept, to be tried again at the next poll."""
         server, job = self.server, self.job_id
         if self._spawn_pending or self._stop_pending or server is None or not (server.ip and server.port and job) \
                 or not self.token_digest():
             return False
         state = (self.job_status.split() or [""])[0]
         if state in HOLDS_ITS_PORT:
+            self._last_proof = time.monotonic()  # its grace counts from when it runs again
             return False
         if state != "RUNNING":
             self.log.warning("%s: job %s is %s; its server's port is no longer its own, so its route goes now",
@@ -460,11 +470,13 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
                 return False
             self.clear_state()
             return True
-        found = await self._identity(server.ip, server.port)
+        found, asked = await self._probe(server.ip, server.port)
         if job != self.job_id or self._spawn_pending or self._stop_pending:  # it stopped or restarted meanwhile
             return False
         now = time.monotonic()
-        if found == "proven" or not self._last_proof:
+        if found == "proven":
+            self._last_proof = asked
+        elif not self._last_proof:
             self._last_proof = now  # a restarted hub counts from its first look
         if found == "proven" or (found in ("refused", "silent") and now - self._last_proof < SILENT_FOR):
             return False
@@ -524,14 +536,32 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         return "proven" if answer.code == 200 and proof and hmac.compare_digest(proof.group(1), expected) \
             else "not proven"
 
+    async def _probe(self, ip: str, port: int) -> tuple[str, float]:
+        """What answers on the running server's port (``_identity``) and when it was asked: asked at most once every
+        PROBE_EVERY seconds, one probe at a time, however many polls want it (every load of a user's hub home page
+        polls their servers)."""
+        now = time.monotonic()
+        if self._probing is None or self._probing[1] != (ip, port) \
+                or (self._probing[2].done() and now - self._probing[0] >= PROBE_EVERY):
+            self._probing = (now, (ip, port), asyncio.ensure_future(self._identity(ip, port)))
+        asked, _, answer = self._probing
+        return await asyncio.shield(answer), asked
+
     async def _cancel_quietly(self) -> bool:
-        """Cancel this spawner's job, if it has one; whether that worked (the caller says what went wrong)."""
-        if self.job_id:
-            try:
-                await self.cancel_batch_job()
-            except Exception as err:  # scancel's failure, or no process to run it in
-                self.log.error("%s: cancelling job %s failed: %s", self._log_name, self.job_id, err)
-                return False
+        """Cancel this spawner's job, if it has one; whether that worked (the caller says what went wrong). One
+        cancel at a time: polls meanwhile wait for its answer (a user's stalled scancel never piles up)."""
+        if not self.job_id:
+            return True
+        if self._cancelling is None or self._cancelling.done():
+            self._cancelling = asyncio.ensure_future(self._cancel_once())
+        return await asyncio.shield(self._cancelling)
+
+    async def _cancel_once(self) -> bool:
+        try:
+            await self.cancel_batch_job()
+        except Exception as err:  # scancel's failure, or no process to run it in
+            self.log.error("%s: cancelling job %s failed: %s", self._log_name, self.job_id, err)
+            return False
         return True
 
     async def _job_info(self) -> dict[str, str] | None:
@@ -651,9 +681,9 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
                 state = info.get("JobState", "")
                 if state == "PENDING":
                     message, pct = pending_message(self.job_id, info.get("Reason", ""), info.get("StartTime", "")), 30
-                    if self._held_since and self.held_start_timeout:
-                        left = self.held_start_timeout - (time.monotonic() - self._held_since)
-                        message += f"; the hub cancels it in {max(0, round(left))} s unless it is released"
+                    if self._held_seen is not None and self.held_start_timeout:  # said every 10 s, not every second
+                        left = self.held_start_timeout - self._held_for
+                        message += f"; the hub cancels it in about {max(0, round(left, -1)):.0f} s unless it is released"
                 elif state in ("RUNNING", "CONFIGURING"):
                     message, pct = (f"Job {self.job_id} is running on {info.get('NodeList', '?')}; "
                                     "waiting for the Jupyter server to start"), 70
