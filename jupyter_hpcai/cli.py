@@ -547,8 +547,8 @@ def site() -> None:
               show_default=True, help="Where the site config goes (kernels and hpcai read it; HPCAI_CONFIG elsewhere).")
 @click.option("--bind-url", default="http://127.0.0.1:8000", show_default=True,
               help="Where the hub listens (JupyterHub.bind_url): https, or loopback http behind a TLS proxy.")
-@click.option("--public-url", default="", help="The URL users open, https://HOST[:PORT]; each user's server gets "
-              "<user>.HOST (JupyterHub.subdomain_host) [default: the bind URL's host when it names one, else "
+@click.option("--public-url", default="", help="The URL users open, https://HOST (a port may follow); each user's "
+              "server gets <user>.HOST (JupyterHub.subdomain_host) [default: the bind URL's host when it names one, else "
               "https:// and this host's full name].")
 @click.option("--allowed-group", "allowed_groups", multiple=True,
               help="A unix group whose members may log in (repeat for more) [default: none yet: nobody].")

@@ -443,7 +443,8 @@ print(conn.getresponse().status)
 """
 
 
-def test_the_horovod_rendezvous_answers_only_the_worlds_nodes_with_its_key(devcluster, tf_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_horovod_rendezvous_answers_only_the_worlds_nodes_with_its_key(devcluster, tf_env,  # type: ignore[no-untyped-def]
+                                                                          tmp_path: Path) -> None:
     """Horovod's key-value store carries no key of its own: the kernel's rendezvous answers the world's nodes only,
     and only requests that carry the world's key (Horovod's client puts it in every path): another user on the
     nodes' network, or with a job on the world's own node, could otherwise rewrite where a rank listens or fill the
@@ -515,7 +516,8 @@ except OSError as err:
 """
 
 
-def test_torchs_rendezvous_port_is_held_from_when_it_is_chosen(devcluster, torch_env) -> None:  # type: ignore[no-untyped-def]
+def test_torchs_rendezvous_port_is_held_from_when_it_is_chosen(devcluster,  # type: ignore[no-untyped-def]
+                                                               torch_env) -> None:
     """torch's store takes no key: its port must be the world's from the moment rank 0 names it. Rank 0 binds it
     and holds it until its store serves there (calls.held_port), so bob, another user on the node, cannot take it
     first. The control: a port chosen and let go (the old way) is bob's for the taking."""

@@ -334,7 +334,8 @@ def test_forty_users_at_once(devcluster, tmp_path: Path, bench: list[str]) -> No
 
 ATTACKER = "hpcai-load-mallory"
 GPU_JOB = {"profile": "2 nodes x 2 GPUs", "nodes": 1, "gpus_per_node": 1, "walltime": "00:20:00"}  # extendable
-WAITING_JOB = {"profile": "2 nodes x 2 GPUs", "nodes": 2, "gpus_per_node": 4, "walltime": "00:20:00"}  # waits on her GPU
+# waits on her GPU job
+WAITING_JOB = {"profile": "2 nodes x 2 GPUs", "nodes": 2, "gpus_per_node": 4, "walltime": "00:20:00"}
 
 
 @dataclass
@@ -382,7 +383,8 @@ def _hostile(hub, token: str, seen: Attack) -> Callable[[threading.Event], None]
 @pytest.mark.slow
 @pytest.mark.alone  # a storm of the whole machine
 @pytest.mark.timeout(1200)
-def test_a_hostile_user_among_forty(devcluster, tmp_path: Path, bench: list[str]) -> None:  # type: ignore[no-untyped-def]
+def test_a_hostile_user_among_forty(devcluster, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                    bench: list[str]) -> None:
     """40 users start at once, twice: alone, then while mallory floods extend (3,000 requests, 100 at a time), opens
     300 spawn pages on a start of hers and asks for six servers (her running one, five named ones whose jobs she
     holds). Every other start becomes ready; the hub's API answers an unrelated request within 1 s (p99); the hub's

@@ -404,8 +404,9 @@ def test_browser_spawn_form_to_jupyterlab(hub: Hub) -> None:
         page.fill("#hpcai-nodes", "2")
         assert page.query_selector("#hpcai-error-nodes") is None  # corrected: the message goes before any submit
         page.fill("#hpcai-gpus_per_node", "1")
-        link = page.inner_text("#hpcai-share")  # the whole address, to copy: the choices after '#', which no server sees
-        assert link.startswith(f"{hub.url}/hub/spawn#profile=2+nodes+x+2+GPUs&partition=gpu&nodes=2&gpus_per_node=1&"), link
+        link = page.inner_text("#hpcai-share")  # the whole address, to copy: the choices after '#' (no server sees them)
+        wanted = f"{hub.url}/hub/spawn#profile=2+nodes+x+2+GPUs&partition=gpu&nodes=2&gpus_per_node=1&"
+        assert link.startswith(wanted), link
         page.screenshot(path=str(ARTIFACTS / "spawn-form.png"), full_page=True)
         for opened in (link, link.replace("#", "?")):  # the form's link, and one as JupyterHub's own query links go
             page.goto("about:blank")

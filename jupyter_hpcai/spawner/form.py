@@ -91,7 +91,8 @@ def render(profiles: list[Profile], limits: Mapping[str, Limit], environments: M
         field("walltime", "Walltime (HH:MM:SS)", text("walltime")),
         field("account", "Account (optional)", text("account")),
         field("environment", "Environment", select("environment", env_choices)),
-        '<p class="form-text">A link to this form with these choices (it starts nothing): <a id="hpcai-share" href="#"></a></p>',
+        '<p class="form-text">A link to this form with these choices (it starts nothing): '
+        '<a id="hpcai-share" href="#"></a></p>',
         "</div>", SCRIPT % json.dumps(list(FIELDS)),
     ]
     return "\n".join(parts)

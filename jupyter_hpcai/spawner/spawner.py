@@ -616,7 +616,8 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         await self.run_command(f"scontrol update JobId={int(self.job_id)} TimeLimit={limit}")
         self.log.info("Extended job %s of %s by %s s to %s", self.job_id, self.user.name, seconds, limit)
         # the end moves by what the limit grew (Slurm's EndTime: the start, the limit and any time suspended)
-        return {"job_id": self.job_id, "time_limit": limit, "end_time": slurm.later(info.get("EndTime", ""), wanted - old)}
+        return {"job_id": self.job_id, "time_limit": limit,
+                "end_time": slurm.later(info.get("EndTime", ""), wanted - old)}
 
     def state_gethost(self) -> str:
         """The address the hub reaches the first node at: Slurm's NodeAddr (node names may not resolve), as one IP
@@ -683,7 +684,8 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
                     message, pct = pending_message(self.job_id, info.get("Reason", ""), info.get("StartTime", "")), 30
                     if self._held_seen is not None and self.held_start_timeout:  # said every 10 s, not every second
                         left = self.held_start_timeout - self._held_for
-                        message += f"; the hub cancels it in about {max(0, round(left, -1)):.0f} s unless it is released"
+                        message += (f"; the hub cancels it in about {max(0, round(left, -1)):.0f} s unless it is "
+                                    "released")
                 elif state in ("RUNNING", "CONFIGURING"):
                     message, pct = (f"Job {self.job_id} is running on {info.get('NodeList', '?')}; "
                                     "waiting for the Jupyter server to start"), 70

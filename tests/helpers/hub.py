@@ -136,7 +136,8 @@ def server_token(user: str, job: str) -> str:
             try:
                 if not proc.name.isdigit() or proc.stat().st_uid != uid:
                     continue
-                env = dict(i.split("=", 1) for i in (proc / "environ").read_text(errors="replace").split("\0") if "=" in i)
+                text = (proc / "environ").read_text(errors="replace")
+                env = dict(item.split("=", 1) for item in text.split("\0") if "=" in item)
             except OSError:
                 continue
             if env.get("SLURM_JOB_ID") == job and env.get("JUPYTERHUB_API_TOKEN"):
