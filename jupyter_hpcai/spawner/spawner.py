@@ -115,10 +115,10 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     hub_api_per_minute = Integer(6, config=True, help="""Requests a minute each user may make of each endpoint
         jupyter-hpcai adds to the hub (a server's port report, extend, continue), and starts a minute, in bursts of as
         many: more are refused (429 with Retry-After). 0: no limit.""")
-    held_start_timeout = Float(300, config=True, help="""Seconds a starting server's job may stay held by its owner
-        (scontrol hold: Slurm's reason JobHeldUser) before the hub cancels it, saying why on the spawn page: a held
-        start counts against JupyterHub.concurrent_spawn_limit for everyone while it waits. 0: held as long as the
-        start_timeout allows.""")
+    held_start_timeout = Float(300, config=True, help="""Seconds a starting server's job may wait, in all, for its
+        owner (held with scontrol hold: Slurm's reason JobHeldUser; or put off with a later BeginTime) before the hub
+        cancels it, saying why on the spawn page: a held start counts against JupyterHub.concurrent_spawn_limit for
+        everyone while it waits. 0: held as long as the start_timeout allows.""")
 
     _token_digest = ""  # the saved digest of the server's token (load_state), for a hub that restarted
     _last_proof = 0.0  # time.monotonic() of the running server's last proof (or of this hub's first look)
