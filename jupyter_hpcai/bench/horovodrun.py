@@ -55,16 +55,18 @@ def prepared(nodes: int, ranks: int, transport: str, module: str, args: list[str
         return
     from horovod.runner.common.util.hosts import SlotInfo
 
-    from ..ranks.frameworks import horovod_slots, rendezvous_server
+    from ..ranks.frameworks import horovod_slots, rendezvous_address, rendezvous_server
 
     hosts = _step_hosts(srun, env)
     server = rendezvous_server(network.source_address(addresses[hosts[0]]))
+    server.renew(len(hosts))
     server.allowed = {server.server_address[0], network.LOOPBACK, *(addresses[h] for h in set(hosts))}
     server.init([SlotInfo(**slot) for slot in horovod_slots(hosts)])
     threading.Thread(target=server.serve_forever, name="horovodrun-rendezvous", daemon=True).start()
-    try:
-        env.update(HOROVOD_GLOO_RENDEZVOUS_ADDR=server.server_address[0],
-                   HOROVOD_GLOO_RENDEZVOUS_PORT=str(server.server_address[1]), HOROVOD_CONTROLLER="gloo",
+    addr, port = server.server_address[:2]
+    try:  # the key in the ranks' environment: this benchmark's own ranks, started here
+        env.update(HOROVOD_GLOO_RENDEZVOUS_ADDR=rendezvous_address(addr, port, server.key),
+                   HOROVOD_GLOO_RENDEZVOUS_PORT=str(port), HOROVOD_CONTROLLER="gloo",
                    HOROVOD_CPU_OPERATIONS="gloo", **{_HOSTS_VAR: ",".join(hosts)})
         yield [*srun, f"--nodelist={','.join(dict.fromkeys(hosts))}", sys.executable, "-m", __spec__.name,
                _RANK_FLAG, module, *args], env
