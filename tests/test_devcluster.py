@@ -14,7 +14,7 @@ import pytest
 from jupyter_hpcai import slurm
 from jupyter_hpcai.devcluster import SEPARATE, SHARED, DevCluster, check_prerequisites, own_hosts
 from jupyter_hpcai.devcluster.cpu import NodeCPU
-from jupyter_hpcai.devcluster.network import NODE_IFACE
+from jupyter_hpcai.devcluster.network import NODE_IFACE, Network
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
 
@@ -335,6 +335,31 @@ def test_down_after_a_killed_run_leaves_no_network_behind(devcluster: DevCluster
     assert all(devcluster.status().daemons.values()), "the session's cluster must be untouched"
     again = subprocess.run(done.args, capture_output=True, text=True, timeout=60)  # nothing left: harmless
     assert again.returncode == 0 and _leftovers(cluster) == [], again.stdout + again.stderr
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "unrecorded"])
+def test_a_namespace_file_without_its_namespace_is_made_again(devcluster: DevCluster, tmp_path: Path,
+                                                               recorded: bool) -> None:
+    """A test worker makes its namespaces in a mount namespace of its own; killed, it leaves the files in
+    /run/netns without the namespaces (CI hit this: nsenter answered EINVAL). `up` makes them again."""
+    if devcluster.mode != SEPARATE:
+        pytest.skip(f"the dev cluster runs with {devcluster.mode}: {devcluster.note}")
+    net = Network(tmp_path, ("n1", "n2"), OTHER_NETWORK["network"], OTHER_NETWORK["bridge"],
+                  OTHER_NETWORK["netns_prefix"])
+    stale = Path("/run/netns") / net.namespace("n1")
+    stale.parent.mkdir(exist_ok=True)
+    stale.touch()
+    if recorded:
+        (tmp_path / "network.json").write_text(json.dumps({"namespaces": [net.namespace("n1")]}))
+    try:
+        assert net.up() == ""
+        for node in net.nodes:
+            inside = subprocess.run([*net.exec_prefix(node), "ip", "-o", "-4", "addr", "show", NODE_IFACE],
+                                    capture_output=True, text=True, timeout=30)
+            assert inside.returncode == 0 and f"{net.address(node)}/" in inside.stdout, inside.stderr
+    finally:
+        net.down()
+    assert not stale.exists()
 
 
 def test_without_namespaces_up_says_so_and_the_nodes_share_loopback(devcluster: DevCluster, tmp_path: Path,

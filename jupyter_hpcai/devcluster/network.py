@@ -115,7 +115,8 @@ class Network:
         """A bridge or namespace of these names that this cluster did not make belongs to another one."""
         made = self._load()
         taken = [self.bridge] if _link_exists(self.bridge) and made.bridge != self.bridge else []
-        taken += [ns for ns in _namespaces() if ns in map(self.namespace, self.nodes) and ns not in made.namespaces]
+        taken += [ns for ns in _namespaces()
+                  if ns in map(self.namespace, self.nodes) and ns not in made.namespaces and _live(ns)]
         if taken:
             raise HPCAIError(f"{', '.join(taken)} already exist and are not this dev cluster's ({self.state_dir})",
                              "give this cluster its own --bridge, --netns-prefix and --network")
@@ -131,8 +132,10 @@ class Network:
         existing = set(_namespaces())  # made by an earlier `up` (_refuse_others checked)
         for node in self.nodes:
             ns, veth = self.namespace(node), self._veth(node)
-            if ns in existing:
+            if ns in existing and _live(ns):
                 continue
+            if ns in existing:  # its file only: the mount went with the mount namespace of a killed test worker
+                _ip("netns", "del", ns, check=False)
             made.namespaces = sorted({*made.namespaces, ns})
             made.veths = sorted({*made.veths, veth})
             self._save(made)
@@ -191,6 +194,11 @@ def _link_exists(name: str) -> bool:
 
 def _namespaces() -> list[str]:
     return [line.split()[0] for line in _ip("netns", "list", check=False).stdout.splitlines() if line.strip()]
+
+
+def _live(ns: str) -> bool:
+    """Whether /run/netns/``ns`` holds a namespace here, not only the empty file a bind mount left behind."""
+    return _ip("-n", ns, "link", "show", "lo", check=False).returncode == 0
 
 
 def _kill_processes_in(ns: str) -> None:
