@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -214,7 +215,7 @@ def _storm(hub, users: tuple[str, ...], mid_storm: MidStorm | None = None,  # ty
                 for user in set(users) - lost - set(servers):
                     asked_again.add(user)
                     pool.submit(hub.api, "POST", f"/users/{user}/server", CPU_JOB)
-            assert time.monotonic() - started < 420, f"{len(ready)} of {len(users)} servers ready after 7 min"
+            assert time.monotonic() - started < 420, _why_not_ready(hub, users, ready, answers)
             time.sleep(2)
     finally:
         hub_after = _cpu_seconds(hub.proc.pid)  # a restarted hub: since it started
@@ -234,6 +235,20 @@ def _storm(hub, users: tuple[str, ...], mid_storm: MidStorm | None = None,  # ty
     return (Storm(len(users), len(ready), seconds, _job_info_rpcs() - before, latencies, _rss_mib(hub.proc.pid),
                   hub_cpu, {u: page.result() for u, page in pages.items()}, len(asked_again)),  # type: ignore[arg-type]
             lost or set())
+
+
+def _why_not_ready(hub, users: tuple[str, ...], ready: set[str], answers: list[Any]) -> str:  # type: ignore[no-untyped-def]
+    """A storm's failure message: how many are ready, the hub's answers so far, the users' jobs in Slurm, and
+    the hub's log about the first user not ready."""
+    answered = Counter(str(a.result() if not a.exception() else a.exception()) for a in answers if a.done())
+    jobs = subprocess.run(["squeue", "--noheader", "--format=%u %T %r", f"--user={','.join(users)}"],
+                          capture_output=True, text=True, timeout=30).stdout.splitlines()
+    states = Counter(" ".join(line.split()[1:]) for line in jobs)
+    first = min(set(users) - ready)
+    log = [line for line in hub.log.read_text(errors="replace").splitlines() if first in line][-15:]
+    return "\n".join([f"{len(ready)} of {len(users)} servers ready after 7 min",
+                      f"the hub's answers so far: {dict(answered)}", f"their jobs (state reason): {dict(states)}",
+                      f"the hub's log about {first}:", *log])
 
 
 def _unreached(hub, user: str, status: int, body: Any) -> str:  # type: ignore[no-untyped-def]
