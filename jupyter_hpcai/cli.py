@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console, RenderableType
@@ -16,7 +17,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from . import joblog, kernelspec, paths
-from .devcluster import DevCluster
 from .envs import BuildRequest, EnvDir, EnvStore, Event, load_recipe, open_env, remote
 from .envs.container import import_container
 from .envs.container import warnings as container_warnings
@@ -25,6 +25,9 @@ from .siteinit import HUB_CONFIG, STATE_DIR
 from .envs.preflight import preflight
 from .errors import HPCAIError
 from .jobscript import Submitted
+
+if TYPE_CHECKING:  # the workshop (the dev cluster, the benchmarks) loads for its own commands only
+    from .devcluster import DevCluster
 
 console = Console(soft_wrap=True)  # long paths and messages stay on one line
 if not console.is_terminal:  # a pipe or a file: tables as wide as their cells, no name cut at 80 columns
@@ -95,6 +98,8 @@ def devcluster_up(nodes: int, gpus_per_node: int, port: int, single_host: bool, 
                   netns_prefix: str, first_job_id: int, state_dir: Path | None) -> None:
     """Start the dev cluster (harmless when it already runs) and wait until every node is idle."""
     kwargs = {"state_dir": state_dir} if state_dir else {}
+    from .devcluster import DevCluster
+
     cluster = DevCluster(nodes=nodes, gpus_per_node=gpus_per_node, port=port, separate_hosts=not single_host,
                          network=network, bridge=bridge, netns_prefix=netns_prefix, first_job_id=first_job_id,
                          **kwargs)
@@ -118,14 +123,14 @@ def devcluster_status(state_dir: Path | None, as_json: bool) -> None:
     (null before the first up), login_address, daemons (a list of {name, pid}; pid null when not running) and
     nodes (a list of {name, address, state, partitions, cpus, gpus, usable}; empty while slurmctld is down).
     """
-    _show_status(DevCluster.load(state_dir), as_json)
+    _show_status(_loaded(state_dir), as_json)
 
 
 @devcluster.command("env")
 @state_dir_option
 def devcluster_env(state_dir: Path | None) -> None:
     """Print the export lines a shell needs: eval "$(hpcai devcluster env)"."""
-    for key, value in DevCluster.load(state_dir).variables().items():
+    for key, value in _loaded(state_dir).variables().items():
         click.echo(f"export {key}={value}")
 
 
@@ -133,8 +138,14 @@ def devcluster_env(state_dir: Path | None) -> None:
 @state_dir_option
 def devcluster_down(state_dir: Path | None) -> None:
     """Cancel every job and stop every daemon (harmless when nothing runs)."""
-    DevCluster.load(state_dir).down()
+    _loaded(state_dir).down()
     console.print("dev cluster stopped")
+
+
+def _loaded(state_dir: Path | None) -> DevCluster:
+    from .devcluster import DevCluster
+
+    return DevCluster.load(state_dir)
 
 
 def _show_status(cluster: DevCluster, as_json: bool = False) -> None:

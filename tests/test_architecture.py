@@ -153,3 +153,25 @@ def test_one_place_renders_sbatch_lines() -> None:
     writers = sorted(str(p.relative_to(REPO)) for p in PACKAGE.rglob("*.py") if line.search(p.read_text()))
     assert writers == ["jupyter_hpcai/jobscript.py"]
     assert line.search('x = f"#SBATCH --nodes={n}"') and line.search("'#SBATCH --x'")  # the pattern sees one
+
+
+WORKSHOP = ("jupyter_hpcai.devcluster", "jupyter_hpcai.bench")  # the dev cluster and the benchmarks
+
+
+def _loaded_by(module: str) -> list[str]:
+    """The workshop's modules that importing ``module`` loads, in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    code = (f"import sys, {module}\n"
+            f"print(sorted(m for m in sys.modules if m.startswith({WORKSHOP!r})))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
+                          check=True)
+    return [m.strip(" '[]") for m in done.stdout.strip().split(",") if m.strip(" '[]")]
+
+
+def test_the_hpcai_command_loads_the_workshop_for_its_own_commands_only() -> None:
+    """`hpcai` loads the dev cluster and the benchmarks only when one of their commands runs; the control: the
+    demo, which runs on the dev cluster, loads it."""
+    assert _loaded_by("jupyter_hpcai.cli") == []
+    assert "jupyter_hpcai.devcluster" in _loaded_by("jupyter_hpcai.demo")
