@@ -31,8 +31,7 @@ from .ranks.frameworks import FRAMEWORKS
 from .magic_args import parse, run_parser
 from .slurm import parse_duration
 
-MAGICS = {"horovod": "%%horovod_run", "torch": "%%torchrun"}  # framework -> the cell magic that runs it
-RANK_MAGICS = {magic: framework for framework, magic in MAGICS.items()}
+RANK_MAGICS = {f"%%{framework.magic}": name for name, framework in FRAMEWORKS.items()}  # the cell magic -> framework
 ALL = "all"
 
 
@@ -133,7 +132,7 @@ class JobSpec:
 
     @property
     def magic(self) -> str:
-        return MAGICS[self.framework]
+        return f"%%{FRAMEWORKS[self.framework].magic}"
 
     @property
     def stem(self) -> str:

@@ -16,25 +16,11 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout  # not the builtin before Python 3.11
-from typing import Any, Protocol
+from typing import Any
 
 from ..network import LOOPBACK
+from .framework import Framework, Handles
 from .identity import LOCAL_RANK_VARS, RANK_VARS, first_int, host_name
-
-Handles = tuple[dict[str, Any], dict[str, Any]]  # (names for the cell namespace, what to report)
-
-
-class Framework(Protocol):
-    """What the ranks need of a framework (frameworks.Framework; the kernel sends it with the call)."""
-
-    @property
-    def name(self) -> str: ...
-
-    def boot(self) -> Handles | None: ...
-
-    def init(self, params: dict[str, Any]) -> Handles: ...
-
-    def max_over_ranks(self, value: int) -> int: ...
 
 SLOW_INIT = 60.0  # seconds a cell waits for a framework's initialisation before it says where that is
 
