@@ -8,6 +8,7 @@ only, nothing from this package.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import hmac
 from dataclasses import dataclass
@@ -212,3 +213,18 @@ class RankTable(TypedDict):
     warm: str | None  # the framework the ranks initialised as they booted
     telemetry_interval: float  # seconds between samples (0: off)
     grown: dict[str, list[int]]  # grown Slurm jobs (%hpc grow) by id: [nodes, ranks], joined or still waiting
+
+
+# --- what a container gets of its host's environment (envs/container.py; a grown job's ranks, engines/membership.py) ---
+# Variables a container never sees, whatever the site adds in HPCAI_CONTAINER_ENV_DENY: the hub's token and alike.
+SECRET_VARIABLES = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*_KEY")
+
+
+def without_secrets(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` less every variable whose name matches a deny pattern (shell-style, any case): SECRET_VARIABLES
+    (JUPYTERHUB_API_TOKEN, JPY_API_TOKEN, anything named like a token...), always, and the site's own in the
+    comma-separated ``HPCAI_CONTAINER_ENV_DENY``, which add to them. The kernel needs none of them: it connects
+    through its connection file."""
+    site = environ.get("HPCAI_CONTAINER_ENV_DENY", "").split(",")
+    patterns = [p.strip().upper() for p in (*SECRET_VARIABLES, *site) if p.strip()]
+    return {k: v for k, v in environ.items() if not any(fnmatch.fnmatchcase(k.upper(), p) for p in patterns)}

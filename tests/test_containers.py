@@ -25,7 +25,8 @@ from helpers.image import MARKER, image_tarball
 from helpers.jupyter import wait_for_stream
 from jupyter_hpcai.engines.launch import LAUNCHERS
 from jupyter_hpcai.envs import ContainerEnv, ContainerLaunch, EnvDir, EnvStore, open_env
-from jupyter_hpcai.envs.container import Settings, import_container
+from jupyter_hpcai.envs.container import import_container
+from jupyter_hpcai.envs.udocker import Settings
 from jupyter_hpcai.errors import HPCAIError
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

@@ -21,7 +21,7 @@ from typing import Any
 
 from .. import network, slurm
 from ..allocation import Allocation
-from ..contract import RANK_LOG
+from ..contract import RANK_LOG, without_secrets
 from ..errors import HPCAIError
 from ..jobscript import JobScript, Submitted, export_node_addresses, rank_launch, ranks_per_node
 from ..proc import run
@@ -104,7 +104,6 @@ def changeable(world: RunningSet) -> None:
 
 def submit(script: JobScript) -> Submitted:
     """sbatch the grown job with the kernel's environment (the env's activation), less what must not pass."""
-    from ..envs.container import without_secrets  # here: a container env's kernel has not the envs' packages
     environ = {k: v for k, v in without_secrets(dict(os.environ)).items() if k in PASSED or not k.startswith(NOT_PASSED)}
     return script.submit(env=environ, on_command_line=True)
 
