@@ -21,10 +21,13 @@ from .envs import BuildRequest, EnvDir, EnvStore, Event, load_recipe, open_env, 
 from .envs.container import import_container
 from .envs.container import warnings as container_warnings
 from .envs.pip import INSTALLERS
-from .siteinit import HUB_CONFIG, STATE_DIR
 from .envs.preflight import preflight
 from .errors import HPCAIError
-from .jobscript import Submitted
+from .scheduler import chosen
+from .scheduler.jobscript import Submitted
+from .siteinit import HUB_CONFIG, STATE_DIR
+
+environment = chosen().environment
 
 if TYPE_CHECKING:  # the workshop (the dev cluster, the benchmarks) loads for its own commands only
     from .devcluster import DevCluster
@@ -110,7 +113,7 @@ def devcluster_up(nodes: int, gpus_per_node: int, port: int, single_host: bool, 
     if cluster.cpu_note:
         console.print(f"[yellow]note:[/] the nodes' processes take this host's CPU as its own do: {esc(cluster.cpu_note)}")
     _show_status(cluster)
-    console.print(f"\nTo use it from a shell: [bold]export SLURM_CONF={esc(cluster.conf)}[/]")
+    console.print(f"\nTo use it from a shell: [bold]export {environment.CONFIG}={esc(cluster.conf)}[/]")
 
 
 @devcluster.command("status")
@@ -641,7 +644,9 @@ def logs(job: str | None, follow: bool, folder: Path) -> None:
 @click.option("--stop", is_flag=True, help="Stop the hub, its proxy, the servers' jobs and the dev cluster.")
 def demo(check: bool, stop: bool) -> None:
     """The main job: dev cluster, tf-horovod-cpu env and kernel, a hub with a demo user (--stop ends it all)."""
-    from .demo import DEMO_USER, check as walk, prepare, stop as stop_demo, timed
+    from .demo import DEMO_USER, prepare, timed
+    from .demo import check as walk
+    from .demo import stop as stop_demo
 
     if stop:
         stop_demo(_say)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_hpcai import slurm
+from jupyter_hpcai.scheduler import slurm
 from jupyter_hpcai.devcluster import SEPARATE, SHARED, DevCluster, check_prerequisites, own_hosts
 from jupyter_hpcai.devcluster.cpu import NodeCPU
 from jupyter_hpcai.devcluster.network import NODE_IFACE
@@ -58,7 +58,7 @@ def test_two_node_gpu_jobs_get_distinct_gpus(devcluster: DevCluster, tmp_path: P
     try:
         for name in ("a", "b"):
             out = tmp_path / f"{name}.out"
-            jobs.append(slurm.sbatch(["-N2", "--gpus-per-node=2", f"--output={out}", str(script), str(release)]))
+            jobs.append(slurm.submit(["-N2", "--gpus-per-node=2", f"--output={out}", str(script), str(release)]))
             seen.append(wait_until(lambda: _gpu_lines(out), timeout=60, what=f"job {name} to report its GPUs"))
     finally:
         release.touch()
@@ -301,11 +301,11 @@ def _leftovers(cluster: DevCluster) -> list[str]:
 KILLED_RUN = """
 import sys, time
 from pathlib import Path
-from jupyter_hpcai import slurm
+from jupyter_hpcai.scheduler import slurm
 from jupyter_hpcai.devcluster import DevCluster
 cluster = DevCluster(state_dir=Path(sys.argv[1]), nodes=2, gpus_per_node=1, port=7917, **eval(sys.argv[2]))
 cluster.up()
-slurm.sbatch(["-N2", f"--output={sys.argv[1]}/job.out", "--wrap", "srun sleep 600"], env=cluster.environ())
+slurm.submit(["-N2", f"--output={sys.argv[1]}/job.out", "--wrap", "srun sleep 600"], env=cluster.environ())
 print(cluster.mode, flush=True)
 time.sleep(600)
 """

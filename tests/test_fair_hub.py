@@ -23,7 +23,8 @@ import pytest
 from helpers.hub import (BOB, USER, Hub, as_user, demo_config_with, ensure_user, every_gpu_held, progress_events,
                          server_token)
 from helpers.record import attack
-from jupyter_hpcai import slurm
+from jupyter_hpcai.scheduler import slurm
+from jupyter_hpcai.scheduler.durations import parse_duration
 from jupyter_hpcai.demo import request
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
@@ -276,7 +277,7 @@ def test_an_extend_flood_reaches_slurm_a_bounded_number_of_times(hub: Hub) -> No
     hub.wait_ready()
     job = _job(hub)
     token = server_token(USER, job)
-    before = slurm.parse_duration((slurm.job_info(job) or {})["TimeLimit"]) or 0
+    before = parse_duration((slurm.job_info(job) or {})["TimeLimit"]) or 0
     url = f"{hub.url}/hub/api/hpcai/extend"
 
     def extend(_: int) -> tuple[int, Any]:
@@ -287,7 +288,7 @@ def test_an_extend_flood_reaches_slurm_a_bounded_number_of_times(hub: Hub) -> No
         at_once = list(pool.map(extend, range(300)))
     in_turn = [extend(i) for i in range(60)]
     took = time.monotonic() - started
-    after = slurm.parse_duration((slurm.job_info(job) or {})["TimeLimit"]) or 0
+    after = parse_duration((slurm.job_info(job) or {})["TimeLimit"]) or 0
     _stop_all(hub)
     statuses = [status for status, _ in at_once + in_turn]
     granted, bound = statuses.count(200), PER_MINUTE + took * PER_MINUTE / 60 + 1

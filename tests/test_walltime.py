@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jupyter_hpcai import allocation, guard
+from jupyter_hpcai import guard
+from jupyter_hpcai.scheduler import allocation
 from jupyter_hpcai.ranks import continuity
 from jupyter_hpcai.proc import wait_until
 from jupyter_hpcai.spawner import script

@@ -7,8 +7,8 @@ import shlex
 from collections.abc import Callable
 from pathlib import Path
 
-from ..jobscript import JobScript, ranks_per_node
 from ..envs import Env
+from ..scheduler.jobscript import JobScript, ranks_per_node
 from .resnet50 import report
 
 

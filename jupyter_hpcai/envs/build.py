@@ -27,12 +27,15 @@ from typing import Any, Literal
 from .. import paths
 from ..errors import HPCAIError
 from ..proc import run
+from ..scheduler import chosen
 from . import activate, conda, pip
 from .manifest import ContainerManifest, Lock, Package, PrefixManifest, StepRecord, read_json_model, write_atomic
 from .preflight import preflight
 from .recipe import Recipe, load_recipe, requirement_name
 from .store import Build, EnvDir, EnvStore
 from .verify import StepResult, verify
+
+environment = chosen().environment
 
 _COMPILED_AGAINST = re.compile(r"^(tensorflow|tf-keras|keras|torch|mxnet|jax|jaxlib|numpy|mpi4py)\b", re.I)
 TOOLCHAIN_FACTS = ("compiler", "mpi", "mpicc", "cuda")  # preflight's facts a compiled wheel depends on
@@ -96,7 +99,7 @@ class BuildRequest:
 
     def partition_for(self, recipe: Recipe) -> str | None:
         """The partition of the build job; None to build here (--here, inside a job, or none named)."""
-        if self.here or os.environ.get("SLURM_JOB_ID"):
+        if self.here or environment.job_id(os.environ):
             return None
         return self.partition or recipe.build.partition
 

@@ -46,10 +46,12 @@ from ..container_launch import ContainerLaunch
 from ..contract import without_secrets
 from ..errors import HPCAIError
 from ..proc import run
-from .host_client import HOST_BIN, host_client_binds, slurm_paths, write_wrappers
+from ..scheduler import chosen
 from .manifest import ContainerManifest, Inside, UdockerRecord, write_atomic
 from .store import KINDS, Build, BuiltEnv, Checked, EnvStore
 from .udocker import Settings
+
+client = chosen().client
 
 LIB = "/.hpcai/lib"  # jupyter_hpcai's own code, so kernel and ranks run the same version as the host
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the image's PATH
@@ -106,10 +108,10 @@ class ContainerEnv(BuiltEnv):
         """``udocker run`` up to the command: host env and identity, home, /tmp, Slurm client, our code."""
         import jupyter_hpcai
 
-        binds = [str(Path.home()), "/tmp", str(Path.cwd()), *self.manifest.binds, *extra_binds, *slurm_paths(),
-                 *host_client_binds(), f"{self.build.prefix / 'hostbin'}:{HOST_BIN}",
+        binds = [str(Path.home()), "/tmp", str(Path.cwd()), *self.manifest.binds, *extra_binds, *client.client_paths(),
+                 *client.host_client_binds(), f"{self.build.prefix / 'hostbin'}:{client.HOST_BIN}",
                  f"{Path(jupyter_hpcai.__file__).parent}:{LIB}/jupyter_hpcai"]
-        path = [HOST_BIN, *([str(Path(self.python).parent)] if self.python.startswith("/") else []), SYSTEM_PATH]
+        path = [client.HOST_BIN, *([str(Path(self.python).parent)] if self.python.startswith("/") else []), SYSTEM_PATH]
         return [*self.settings.base, "run", "--nobanner", "--hostenv", "--hostauth", f"--user={os.getuid()}:{os.getgid()}",
                 *(f"--volume={b}" for b in dict.fromkeys(binds)), f"--workdir={Path.cwd()}",
                 f"--env=PATH={':'.join(path)}", f"--env=PYTHONPATH={LIB}", self.container]
@@ -205,7 +207,7 @@ def import_container(source: str, name: str, *, store: EnvStore | None = None, m
                                  "executables (UDOCKER_USE_PROOT_EXECUTABLE, UDOCKER_USE_RUNC_EXECUTABLE)")
             if Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists():
                 settings.udocker_run(["setup", "--nvidia", manifest.container], timeout=600)
-            write_wrappers(build.prefix / "hostbin")
+            client.write_wrappers(build.prefix / "hostbin")
             manifest.inside = look_inside(ContainerEnv(env_dir, build, manifest))
             write_atomic(build.meta / "manifest.json", manifest)
         except BaseException:

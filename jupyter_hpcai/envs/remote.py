@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 import sys
 
-from ..jobscript import JobScript, Submitted
+from ..scheduler.jobscript import JobScript, Submitted
 from .build import BuildRequest
 from .store import EnvStore
 

@@ -15,11 +15,11 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 
 from .. import hubapi
-from ..allocation import Allocation
 from ..contract import IDENTITY_PATH, identity_proof, token_digest
 from ..engines import listing
 from ..errors import HPCAIError
 from ..replies import extend_seconds, refuse
+from ..scheduler.allocation import Allocation
 
 
 class AllocationHandler(APIHandler):  # type: ignore[misc]

@@ -15,10 +15,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from .. import slurm
+from ..scheduler import chosen
+from ..scheduler.interface import Partition
 from .estimates import Estimate, Estimates
 from .jobstate import JobStates, SubmitQueue
 from .options import Profile
+
+scheduler = chosen()
 
 T = TypeVar("T")
 
@@ -57,11 +60,11 @@ class Scheduler:
         self.job_states = JobStates()
         self.submits = SubmitQueue()
         self.estimates = Estimates()
-        self._partitions = Cached(slurm.partitions, settings.limits_ttl)
+        self._partitions = Cached(scheduler.partitions, settings.limits_ttl)
         self._environments = Cached(environments, settings.limits_ttl)
         self._turns: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)  # user -> held while theirs submits
 
-    def partitions(self) -> list[slurm.Partition]:
+    def partitions(self) -> list[Partition]:
         """sinfo's partitions, cached for ``limits_ttl`` seconds (one sinfo per form, not per keystroke)."""
         return self._partitions.get()
 
@@ -80,7 +83,7 @@ class Scheduler:
         scontrol when ``job_state_interval`` is 0."""
         if self.settings.job_state_interval > 0:
             return await self.job_states.info(job_id, self.settings.job_state_interval, log)
-        return await asyncio.to_thread(slurm.job_info, job_id)
+        return await asyncio.to_thread(scheduler.job_info, job_id)
 
     async def fresh_job_info(self, job_id: str) -> dict[str, str] | None:
         """Slurm's record of ``job_id`` as it is now, not as the cycle's query saw it (JobStates.fresh)."""

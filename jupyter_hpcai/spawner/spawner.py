@@ -26,15 +26,20 @@ from tornado.simple_httpclient import SimpleAsyncHTTPClient
 from tornado.web import HTTPError
 from traitlets import Bool, Dict, Float, Integer, List, Set, Unicode, default
 
-from .. import slurm
 from ..contract import IDENTITY_PATH, identity_proof, token_digest
 from ..envs import EnvStore, open_env
 from ..errors import HPCAIError
+from ..scheduler import chosen
+from ..scheduler.durations import format_duration, later, parse_duration
+from ..scheduler.interface import TERMINAL_STATES
 from . import compat, extend, form, script
 from .fairness import SHARES, TooMany
 from .options import FIELDS, Limit, OptionsError, Profile, SpawnOptions, merge_limits, validate
 from .progress import Feed, pending_message
 from .scheduler import Scheduler, Settings
+
+scheduler = chosen()
+environment = chosen().environment
 
 LOG_TAIL_BYTES = 8192  # of a failed job's log, shown on the spawn page
 LAUNCHER = "hpcai-singleuser"  # the job's server start (server/singleuser.py)
@@ -45,7 +50,7 @@ PROBE_EVERY = 10.0  # seconds: a running server's port is asked at most this oft
 OWNER_WAITS = ("JobHeldUser", "BeginTime")  # a waiting job's reasons that are its owner's doing (held_start_timeout)
 # All a command the hub runs as a user gets of the hub's own environment (which holds the hub's secrets, and
 # which sudo -E would pass on for the user to read in /proc): nothing but where the programs and Slurm are.
-COMMAND_ENV = ("PATH", "LANG", "LC_ALL", "SLURM_CONF")
+COMMAND_ENV = ("PATH", "LANG", "LC_ALL", environment.CONFIG)
 
 
 def site_environments() -> dict[str, str]:
@@ -586,7 +591,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             return JobStatus.RUNNING
         if state in ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED"):
             return JobStatus.PENDING
-        if state in slurm.TERMINAL_STATES:
+        if state in TERMINAL_STATES:
             return JobStatus.NOTFOUND
         # STOPPED, SIGNALING, STAGE_OUT, a state this code does not know: the job still holds its nodes, so it is
         # kept (a user who stops their own job must not make the hub forget it, and leave it running unseen)
@@ -608,22 +613,22 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             # swapped in sbatch's stdin), or it is not this user's job: the policy was decided for the job submitted
             raise HPCAIError(f"job {self.job_id} is not the job the hub submitted for {self.user.name}: "
                              + "; ".join(changed), "only a notebook job as the hub submitted it can be extended")
-        partition, old = options.partition, slurm.parse_duration(info.get("TimeLimit", "")) or 0
-        scheduler = (await self.current_limits()).get(partition)
+        partition, old = options.partition, parse_duration(info.get("TimeLimit", "")) or 0
+        limits = (await self.current_limits()).get(partition)
         wanted = extend.new_limit(self.extend_max_walltime, partition, old, seconds,
-                                  scheduler.max_walltime if scheduler else None)
-        limit = slurm.format_duration(wanted)
-        await self.run_command(f"scontrol update JobId={int(self.job_id)} TimeLimit={limit}")
+                                  limits.max_walltime if limits else None)
+        limit = format_duration(wanted)
+        await self.run_command(scheduler.set_time_limit(self.job_id, limit))
         self.log.info("Extended job %s of %s by %s s to %s", self.job_id, self.user.name, seconds, limit)
         # the end moves by what the limit grew (Slurm's EndTime: the start, the limit and any time suspended)
         return {"job_id": self.job_id, "time_limit": limit,
-                "end_time": slurm.later(info.get("EndTime", ""), wanted - old)}
+                "end_time": later(info.get("EndTime", ""), wanted - old)}
 
     def state_gethost(self) -> str:
         """The address the hub reaches the first node at: Slurm's NodeAddr (node names may not resolve), as one IP
         address, so that the hub's check of the server and the proxy's route reach the same (one_address)."""
         host = self.job_status.split()[-1]
-        return one_address(slurm.node_address(host))
+        return one_address(scheduler.node_address(host))
 
     async def _failure_report(self, what: str) -> str:
         """What became of this start's job, with the last lines of its log: made once per job, however many ask
@@ -689,7 +694,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
                 elif state in ("RUNNING", "CONFIGURING"):
                     message, pct = (f"Job {self.job_id} is running on {info.get('NodeList', '?')}; "
                                     "waiting for the Jupyter server to start"), 70
-                elif state and state not in slurm.TERMINAL_STATES:  # SUSPENDED, REQUEUED, STOPPED...: it may go on
+                elif state and state not in TERMINAL_STATES:  # SUSPENDED, REQUEUED, STOPPED...: it may go on
                     message, pct = f"Job {self.job_id} is {state.lower()}", 50
                 else:
                     yield {"progress": 100, "failed": True, "message": await self._failure_report("is not running")}
@@ -706,7 +711,7 @@ def as_submitted(info: dict[str, str], options: SpawnOptions, user: str) -> list
     wanted = {"owner": user, "partition": options.partition, "nodes": str(options.nodes),
               "GPUs per node": str(options.gpus_per_node), "account": options.account or info.get("Account", "")}
     found = {"owner": info.get("UserName", ""), "partition": info.get("Partition", ""),
-             "nodes": info.get("NumNodes", ""), "GPUs per node": str(slurm.gres_gpus(info.get("TresPerNode", ""))),
+             "nodes": info.get("NumNodes", ""), "GPUs per node": str(scheduler.gres_gpus(info.get("TresPerNode", ""))),
              "account": info.get("Account", "")}
     # Slurm keeps account names in lower case
     return [f"{what} {found[what] or '(none)'}, submitted {wanted[what]}" for what in wanted

@@ -9,6 +9,8 @@ import re
 import shutil
 from pathlib import Path
 
+from . import environment
+
 HOST = "/.hpcai/host"  # the host's Slurm client: its programs, loader and libraries, bound at their host paths below
 HOST_BIN = "/.hpcai/bin"  # wrappers that run the host's srun, scontrol... inside the container
 SLURM_CLIENT = ("srun", "scontrol", "squeue", "sinfo", "scancel", "sbatch")
@@ -25,7 +27,7 @@ exec $H{loader} --library-path {libs} $H{exe} "$@"
 """
 
 
-def slurm_paths(environ: dict[str, str] | None = None) -> list[str]:
+def client_paths(environ: dict[str, str] | None = None) -> list[str]:
     """Host paths the Slurm client needs inside the container, found on the node it runs on.
 
     ``HPCAI_CONTAINER_SLURM_PATHS`` (colon-separated) when set; else the world-readable files beside
@@ -35,7 +37,7 @@ def slurm_paths(environ: dict[str, str] | None = None) -> list[str]:
     env = os.environ if environ is None else environ
     if "HPCAI_CONTAINER_SLURM_PATHS" in env:
         return [p for p in env["HPCAI_CONTAINER_SLURM_PATHS"].split(":") if p]
-    conf = Path(env.get("SLURM_CONF") or next((f"{d}/slurm.conf" for d in SLURM_CONF_DIRS
+    conf = Path(env.get(environment.CONFIG) or next((f"{d}/slurm.conf" for d in SLURM_CONF_DIRS
                                                  if Path(d, "slurm.conf").exists()), "/etc/slurm/slurm.conf"))
     configs = [str(f) for f in conf.parent.glob("*") if f.is_file() and f.stat().st_mode & 0o004] \
         if conf.is_file() else []
