@@ -49,12 +49,16 @@ def test_the_jobs_end_stops_engines_that_outlived_their_kernel(tmp_path: Path) -
                            start_new_session=True)
     state = tmp_path / ".hpcai" / "jobs" / "77"
     wait_until(lambda: state.is_dir() or None, timeout=10, what="the job's folder")
+    # the server's subshell forked and running its command: a signal before that would find bash mid-fork
+    serving = ["pgrep", "--pgroup", str(job.pid), "--exact", "sleep"]
+    wait_until(lambda: subprocess.run(serving, capture_output=True).returncode == 0 or None, timeout=10,
+               what="the job's server")
     ours, other = (subprocess.Popen(["sleep", "300"], start_new_session=True,
                                     env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": job_id}) for job_id in ("77", "78"))
     (state / "engines").mkdir(mode=0o700)
     (state / "engines" / "hpcai-77-1-0").write_text(f"{ours.pid} {other.pid}\n")
     os.killpg(job.pid, signal.SIGTERM)  # as Slurm signals every process of the batch step
-    job.wait(timeout=30)
+    assert job.wait(timeout=30) == 128 + signal.SIGTERM  # the trap's exit, after the job's end ran
     try:
         assert ours.wait(timeout=10) == -signal.SIGTERM
         assert other.poll() is None

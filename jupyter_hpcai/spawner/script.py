@@ -30,7 +30,8 @@ export HPCAI_START_ENGINES={start_engines}
 # folder is where the kernels and the side panel look; at the shell's exit (the server's end, the walltime,
 # scancel: Slurm's SIGTERM), the engines that outlived their kernel are stopped: their parent gone, they are no
 # longer the job's to Slurm's process tracking (engines/listing.py records their pids; a pid counts only while it
-# is this job's process).
+# is this job's process). SIGTERM is trapped so that the exit runs as a command between others: left to bash's
+# own handler, the exit ran inside it, where a command substitution can lose its child and the exit ran twice.
 SUPERVISED = """export HPCAI_JOB_STATE={state}/"{job_id}"
 hpcai_job_end() {{
   for record in "$HPCAI_JOB_STATE"/engines/*; do
@@ -42,6 +43,7 @@ hpcai_job_end() {{
   rm -rf "$HPCAI_JOB_STATE"
 }}
 trap hpcai_job_end EXIT
+trap 'exit 143' TERM
 {signal_trap}mkdir -p -m 700 {state} "$HPCAI_JOB_STATE"
 {{ status=0; {cmd} || status=$?; echo "$status" > "$HPCAI_JOB_STATE/server-status" || true; exit "$status"; }} &
 server=$!
