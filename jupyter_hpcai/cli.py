@@ -208,12 +208,12 @@ def env_build(recipe: Path, name: str | None, site: bool, locked: bool, lock_fil
     with _BuildProgress() as shown:
         result = request.builder(store, progress=shown).run()
     if result.up_to_date:
-        console.print(f"env '{esc(result.dir.name)}' is up to date (build {esc(result.build.id)}); "
+        console.print(f"env '{esc(result.env_dir.name)}' is up to date (build {esc(result.build.id)}); "
                       "--rebuild forces a new build")
         for project, source in result.followed.items():
             console.print(f"  its editable {esc(project)} now follows {esc(source)}")
         return
-    console.print(f"env '{esc(result.dir.name)}' built: {esc(result.build.prefix)}")
+    console.print(f"env '{esc(result.env_dir.name)}' built: {esc(result.build.prefix)}")
     console.print(f"phases: {esc(result.summary())}")
 
 
@@ -357,12 +357,12 @@ def env_check(name: str, as_json: bool) -> None:
     store = EnvStore()
     target = store.get(name)
     checked = target.check()
-    hidden = store.shadowed(target.dir)
-    data = {"name": name, "scope": target.dir.scope, "root": str(target.dir.root.path), "build": target.build.id,
+    hidden = store.shadowed(target.env_dir)
+    data = {"name": name, "scope": target.env_dir.scope, "root": str(target.env_dir.root.path), "build": target.build.id,
             "passed": checked.passed, "warnings": checked.warnings, "shadows": [str(h.root.path) for h in hidden]}
     _emit(as_json, data, *(f"[green]✓[/] {esc(step)}" for step in checked.passed),
-          *(f"[yellow]warning:[/] {esc(w)}" for w in checked.warnings), *_shadowing(target.dir, hidden),
-          f"env '{esc(name)}' ({esc(target.dir.scope)}, {esc(target.dir.root.path)}) is OK")
+          *(f"[yellow]warning:[/] {esc(w)}" for w in checked.warnings), *_shadowing(target.env_dir, hidden),
+          f"env '{esc(name)}' ({esc(target.env_dir.scope)}, {esc(target.env_dir.root.path)}) is OK")
 
 
 def _shadowing(env_dir: EnvDir, hidden: list[EnvDir]) -> list[str]:
@@ -377,7 +377,7 @@ def env_remove(name: str) -> None:
     """Remove an env of yours and all its builds (a container env's udocker containers too)."""
     target = EnvStore().get(name)
     target.remove()
-    console.print(f"env '{esc(name)}' removed from {esc(target.dir.root.path)}")
+    console.print(f"env '{esc(name)}' removed from {esc(target.env_dir.root.path)}")
 
 
 @cli.group()
@@ -395,7 +395,7 @@ def kernel_install(name: str, display_name: str | None, user: bool, prefix: str 
     system kernelspec) for a site env, for you alone for yours."""
     store = EnvStore()
     target = store.get(name)
-    for note in _shadowing(target.dir, store.shadowed(target.dir)):
+    for note in _shadowing(target.env_dir, store.shadowed(target.env_dir)):
         console.print(note)
     path = kernelspec.install(target, display_name=display_name, user=user or None, prefix=prefix)
     console.print(f"kernel installed: {esc(path)}")

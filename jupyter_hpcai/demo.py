@@ -256,7 +256,7 @@ def _build_env(say: Say) -> None:
         result = Builder(load_recipe(REPO / "recipes" / "tf-horovod-cpu.yaml"), store=EnvStore(), site=True,
                          progress=lambda e: say(f"  env {e.phase}: {e.message}") if e.state == "done" else None).run()
         say(f"env tf-horovod-cpu {'reused' if result.up_to_date else 'built'}: {result.build.prefix}")
-        spec = kernelspec.install(open_env(result.dir), prefix=sys.prefix, display_name="Python (tf-horovod-cpu)")
+        spec = kernelspec.install(open_env(result.env_dir), prefix=sys.prefix, display_name="Python (tf-horovod-cpu)")
         say(f"kernel installed: {spec}")
 
 

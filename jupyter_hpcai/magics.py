@@ -14,7 +14,7 @@ from typing import Any
 from IPython.core.magic import Magics, line_magic, magics_class
 
 from . import engines as engines_api
-from . import guard, hubapi
+from . import guard, hub_client
 from .engines import own_job, warm
 from .ranks import telemetry
 from .ranks.framework import Framework
@@ -158,12 +158,12 @@ def _telemetry(engines: Engines, args: argparse.Namespace) -> None:
 
 
 def _extend(engines: Engines, args: argparse.Namespace) -> None:
-    granted = hubapi.extend(args.duration)
+    granted = hub_client.extend(args.duration)
     print(f"Slurm job {granted['job_id']} extended: time limit {granted['time_limit']}, ends {granted['end_time']}")
 
 
 def _continue(engines: Engines, args: argparse.Namespace) -> None:
-    queued = hubapi.follow_up()
+    queued = hub_client.follow_up()
     print(f"follow-up queued: server '{queued['server']}', Slurm job {queued['job_id']}, starts when job "
           f"{queued['after']} ends (the hub's home page lists it; then open {queued['url']}).\n"
           "There, %hpc start and the cells that make your model, then %hpc restore loads the last checkpoint.")

@@ -14,7 +14,7 @@ import pytest
 from jupyter_hpcai.scheduler import slurm
 from jupyter_hpcai.devcluster import SEPARATE, SHARED, DevCluster, check_prerequisites, own_hosts
 from jupyter_hpcai.devcluster.cpu import NodeCPU
-from jupyter_hpcai.devcluster.network import NODE_IFACE
+from jupyter_hpcai.devcluster.namespaces import NODE_IFACE
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
 
@@ -340,7 +340,7 @@ def test_down_after_a_killed_run_leaves_no_network_behind(devcluster: DevCluster
 def test_without_namespaces_up_says_so_and_the_nodes_share_loopback(devcluster: DevCluster, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A machine without `ip` (or without the privilege): up falls back to one shared address and says why."""
-    monkeypatch.setattr("jupyter_hpcai.devcluster.network._IP_PATH", str(tmp_path))  # no `ip` found there
+    monkeypatch.setattr("jupyter_hpcai.devcluster.namespaces._IP_PATH", str(tmp_path))  # no `ip` found there
     other = DevCluster(state_dir=tmp_path / "cluster", nodes=2, gpus_per_node=1, port=8017, **OTHER_NETWORK)
     try:
         other.up()

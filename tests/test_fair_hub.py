@@ -31,7 +31,7 @@ from jupyter_hpcai.proc import wait_until
 from jupyter_hpcai.spawner import fairness
 from jupyter_hpcai.spawner.options import SpawnOptions
 from jupyter_hpcai.spawner.progress import Feed
-from jupyter_hpcai.spawner.scheduler import Scheduler
+from jupyter_hpcai.spawner.queries import SharedQueries
 from jupyter_hpcai.spawner.spawner import offline_spawner
 
 DEBUG = {"profile": "1 node, 1 GPU (debug)"}  # the demo extends no debug job
@@ -111,7 +111,7 @@ def test_extend_refuses_by_policy_before_asking_slurm(monkeypatch: pytest.Monkey
     async def ask(self: Any, job_id: str) -> None:
         asked.append(job_id)
 
-    monkeypatch.setattr(Scheduler, "fresh_job_info", ask)
+    monkeypatch.setattr(SharedQueries, "fresh_job_info", ask)
     spawner = offline_spawner(DEMO, "alice")
     spawner.job_id = "4242"
     for partition in ("debug", "gpu"):

@@ -149,7 +149,7 @@ def test_unwritable_manifest_fails_the_build_and_keeps_the_env(small_recipe: Pat
     Builder(load_recipe(small_recipe), store=env_store, name=name).run()
     env = env_store.env(name)
     before = env.current()
-    builds = env.dir / "builds"
+    builds = env.path / "builds"
     changed = small_recipe.parent / "readonly.yaml"
     changed.write_text(small_recipe.read_text().replace("six==1.16.0", "six==1.17.0"))
 

@@ -157,7 +157,7 @@ def test_env_names(name: str) -> None:
     env = attempt(lambda: store.env(name))
     if env is None:
         return
-    assert env.dir.parent == store.root and env.dir.name == name and name not in (".", "..")
+    assert env.path.parent == store.root and env.path.name == name and name not in (".", "..")
     TALLY["accepted"] += 1
 
 

@@ -134,7 +134,7 @@ def _start_fails(spec: dict, tmp_path: Path) -> str:  # type: ignore[type-arg]
 
 @pytest.fixture
 def scratch_env(small_recipe: Path, env_store: EnvStore, request: pytest.FixtureRequest) -> EnvDir:
-    return Builder(load_recipe(small_recipe), store=env_store, name=f"broken-{request.node.name[-12:]}").run().dir
+    return Builder(load_recipe(small_recipe), store=env_store, name=f"broken-{request.node.name[-12:]}").run().env_dir
 
 
 def test_removed_env(scratch_env: EnvDir, env_store: EnvStore, tmp_path: Path) -> None:

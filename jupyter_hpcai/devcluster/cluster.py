@@ -29,7 +29,7 @@ from ..proc import run, start_daemon, wait_until
 from ..scheduler import chosen
 from ..scheduler.interface import Node
 from .cpu import NodeCPU
-from .network import Network
+from .namespaces import Network
 
 scheduler = chosen()
 

@@ -137,12 +137,12 @@ class ContainerEnv(BuiltEnv):
 
     def remove(self) -> None:
         """Remove the env and everything udocker holds for it."""
-        self.dir.require_writable("remove")
-        with self.dir.exclusive():
-            for build in self.dir.builds():
+        self.env_dir.require_writable("remove")
+        with self.env_dir.exclusive():
+            for build in self.env_dir.builds():
                 discard(build)
-            self.dir.current_link.unlink(missing_ok=True)
-        shutil.rmtree(self.dir.dir, ignore_errors=True)
+            self.env_dir.current_link.unlink(missing_ok=True)
+        shutil.rmtree(self.env_dir.path, ignore_errors=True)
 
     def describe(self) -> dict[str, str]:
         packages = ", ".join(f"{k} {v}" for k, v in self.inside.packages.items()) or "none"

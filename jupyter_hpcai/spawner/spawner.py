@@ -36,7 +36,7 @@ from . import compat, extend, form, script
 from .fairness import SHARES, TooMany
 from .options import FIELDS, Limit, OptionsError, Profile, SpawnOptions, merge_limits, validate
 from .progress import Feed, pending_message
-from .scheduler import Scheduler, Settings
+from .queries import QuerySettings, SharedQueries
 
 scheduler = chosen()
 environment = chosen().environment
@@ -127,7 +127,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
 
     _token_digest = ""  # the saved digest of the server's token (load_state), for a hub that restarted
     _last_proof = 0.0  # time.monotonic() of the running server's last proof (or of this hub's first look)
-    _scheduler: ClassVar[Scheduler | None] = None  # the hub's one, made by the first spawner that asks
+    _queries: ClassVar[SharedQueries | None] = None  # the hub's one, made by the first spawner that asks
     _reason = ""  # Slurm's reason for the job's state, at the last query
     _held_for = 0.0  # seconds this start's job has waited for its owner (_held), up to the last look
     _held_seen: float | None = None  # time.monotonic() of the last look, where it was waiting for its owner then
@@ -142,14 +142,14 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         self._start_timeout = self.start_timeout  # as configured: a follow-up's wait is added to this, never stacked
 
     @property
-    def scheduler(self) -> Scheduler:
-        """The hub's Slurm service (scheduler.py), shared by every spawner, configured once: from the first
-        spawner's settings, which are the hub config's (users cannot set them: apply_user_options is refused)."""
-        if HPCSlurmSpawner._scheduler is None:
-            HPCSlurmSpawner._scheduler = Scheduler(Settings(self.limits_ttl, self.start_estimates_ttl,
-                                                            self.job_state_interval, self.max_concurrent_submits),
-                                                   site_environments)
-        return HPCSlurmSpawner._scheduler
+    def queries(self) -> SharedQueries:
+        """The hub's questions to the scheduler (queries.py), shared by every spawner, configured once: from the
+        first spawner's settings, which are the hub config's (users cannot set them: apply_user_options is refused)."""
+        if HPCSlurmSpawner._queries is None:
+            settings = QuerySettings(self.limits_ttl, self.start_estimates_ttl, self.job_state_interval,
+                                     self.max_concurrent_submits)
+            HPCSlurmSpawner._queries = SharedQueries(settings, site_environments)
+        return HPCSlurmSpawner._queries
 
     # the form's last rejected submission (or a link's choices), shown again with a message per field
     _rejected: tuple[dict[str, str], dict[str, str]] | None = None
@@ -167,10 +167,10 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
 
     def _limits(self) -> dict[str, Limit]:
         """The scheduler's partition limits (cached), narrowed by the admin's."""
-        return merge_limits(self.scheduler.partitions(), self.limits, list(self.partitions) or None)
+        return merge_limits(self.queries.partitions(), self.limits, list(self.partitions) or None)
 
     def _environments(self) -> dict[str, str]:
-        return dict(self.environments) or self.scheduler.site_environments()
+        return dict(self.environments) or self.queries.site_environments()
 
     def _validate(self, raw: dict[str, Any]) -> tuple[SpawnOptions, Profile]:
         return validate(raw, self._profiles(), self._limits(), self._environments())
@@ -188,7 +188,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         said: dict[str, str] = {}
         if self.start_estimates:  # at most estimates.WAIT seconds more for the form; else the last ones
             prefix = shlex.split(self.exec_prefix.format(username=self.user.name))
-            found = await self.scheduler.start_estimates(self.user.name, prefix, profiles, command_env())
+            found = await self.queries.start_estimates(self.user.name, prefix, profiles, command_env())
             now = time.time()
             said = {name: e.words(now) for name, e in found.items()}
         return form.render(profiles, await self.current_limits(), environments, values, errors, said, note)
@@ -298,7 +298,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         except OptionsError as err:
             raise _refused(400, err) from None
         self._held_for, self._held_seen = 0.0, None
-        async with self.scheduler.submission(self.user.name, self):
+        async with self.queries.submission(self.user.name, self):
             as_user = self.exec_prefix.format(username=self.user.name)
             try:  # Slurm writes the log only into a folder that exists: the user makes it (root never does, there)
                 await self.run_command(f"{as_user} install -d -m 0700 -- {shlex.quote(self.job_log_folder())}",
@@ -570,8 +570,8 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         return True
 
     async def _job_info(self) -> dict[str, str] | None:
-        """Slurm's record of this spawner's job (the hub's Scheduler: one query of its jobs per cycle)."""
-        return await self.scheduler.job_info(self.job_id, self.log)
+        """Slurm's record of this spawner's job (the hub's shared queries: one of its jobs per cycle)."""
+        return await self.queries.job_info(self.job_id, self.log)
 
     async def query_job_status(self) -> JobStatus:
         """Slurm's word on the job. A failed query is UNKNOWN (the job is kept), never 'gone'."""
@@ -604,7 +604,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         question to Slurm; then the job's record as it is now (the cycle's query may predate the last extend)."""
         options = self._options or (await asyncio.to_thread(self._validate, self.user_options or {}))[0]
         extend.allowed(self.extend_max_walltime, options.partition)
-        info = await self.scheduler.fresh_job_info(self.job_id) or {}
+        info = await self.queries.fresh_job_info(self.job_id) or {}
         if info.get("JobState") != "RUNNING":
             raise HPCAIError(f"job {self.job_id} is not running ({info.get('JobState', 'gone')})",
                              "only a running notebook job can be extended")
@@ -672,7 +672,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         """This start's events, each once, while it is pending (JupyterHub stops reading once the server is up)."""
         last = ""
         while self._spawn_pending:
-            place = self.scheduler.place(self)
+            place = self.queries.place(self)
             if not self.job_id and place:
                 message, pct = (f"Waiting to submit: number {place} in the hub's queue (it submits "
                                 f"{self.max_concurrent_submits} requests at a time)"), 2

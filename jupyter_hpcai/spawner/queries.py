@@ -1,7 +1,8 @@
-"""The hub's one view of Slurm (runs in the hub), shared by every HPCSlurmSpawner: the partitions' limits (one
-sinfo per ``limits_ttl``), each user's start estimates (estimates.py), the jobs' states (one squeue per
-``job_state_interval``, jobstate.JobStates) and the submissions (at most ``max_concurrent_submits`` at once, one per
-user, jobstate.SubmitQueue). ``HPCSlurmSpawner.scheduler`` makes it once, from the spawner class's settings."""
+"""The hub's questions to the scheduler, each asked once for every HPCSlurmSpawner (runs in the hub): the
+partitions' limits (one sinfo per ``limits_ttl``), each user's start estimates (estimates.py), the jobs' states (one
+squeue per ``job_state_interval``, jobstate.JobStates) and the submissions (at most ``max_concurrent_submits`` at
+once, one per user, jobstate.SubmitQueue). ``HPCSlurmSpawner.queries`` makes them once, from the spawner class's
+settings."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ class Cached(Generic[T]):
 
 
 @dataclass(frozen=True)
-class Settings:
+class QuerySettings:
     """The admin's settings (HPCSlurmSpawner's traits of the same names)."""
 
     limits_ttl: float = 60
@@ -52,10 +53,10 @@ class Settings:
     max_concurrent_submits: int = 8
 
 
-class Scheduler:
-    """Slurm as the hub's spawners ask it, each question asked once for all of them."""
+class SharedQueries:
+    """The scheduler as the hub's spawners ask it, each question asked once for all of them."""
 
-    def __init__(self, settings: Settings, environments: Callable[[], dict[str, str]] = dict) -> None:
+    def __init__(self, settings: QuerySettings, environments: Callable[[], dict[str, str]] = dict) -> None:
         self.settings = settings
         self.job_states = JobStates()
         self.submits = SubmitQueue()
