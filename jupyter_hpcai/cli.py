@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console, RenderableType
@@ -16,15 +17,20 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from . import joblog, kernelspec, paths
-from .devcluster import DevCluster
 from .envs import BuildRequest, EnvDir, EnvStore, Event, load_recipe, open_env, remote
 from .envs.container import import_container
 from .envs.container import warnings as container_warnings
 from .envs.pip import INSTALLERS
-from .siteinit import HUB_CONFIG, STATE_DIR
 from .envs.preflight import preflight
 from .errors import HPCAIError
-from .jobscript import Submitted
+from .scheduler import chosen
+from .scheduler.jobscript import Submitted
+from .siteinit import HUB_CONFIG, STATE_DIR
+
+environment = chosen().environment
+
+if TYPE_CHECKING:  # the workshop (the dev cluster, the benchmarks) loads for its own commands only
+    from .devcluster import DevCluster
 
 console = Console(soft_wrap=True)  # long paths and messages stay on one line
 if not console.is_terminal:  # a pipe or a file: tables as wide as their cells, no name cut at 80 columns
@@ -95,6 +101,8 @@ def devcluster_up(nodes: int, gpus_per_node: int, port: int, single_host: bool, 
                   netns_prefix: str, first_job_id: int, state_dir: Path | None) -> None:
     """Start the dev cluster (harmless when it already runs) and wait until every node is idle."""
     kwargs = {"state_dir": state_dir} if state_dir else {}
+    from .devcluster import DevCluster
+
     cluster = DevCluster(nodes=nodes, gpus_per_node=gpus_per_node, port=port, separate_hosts=not single_host,
                          network=network, bridge=bridge, netns_prefix=netns_prefix, first_job_id=first_job_id,
                          **kwargs)
@@ -105,7 +113,7 @@ def devcluster_up(nodes: int, gpus_per_node: int, port: int, single_host: bool, 
     if cluster.cpu_note:
         console.print(f"[yellow]note:[/] the nodes' processes take this host's CPU as its own do: {esc(cluster.cpu_note)}")
     _show_status(cluster)
-    console.print(f"\nTo use it from a shell: [bold]export SLURM_CONF={esc(cluster.conf)}[/]")
+    console.print(f"\nTo use it from a shell: [bold]export {environment.CONFIG}={esc(cluster.conf)}[/]")
 
 
 @devcluster.command("status")
@@ -118,14 +126,14 @@ def devcluster_status(state_dir: Path | None, as_json: bool) -> None:
     (null before the first up), login_address, daemons (a list of {name, pid}; pid null when not running) and
     nodes (a list of {name, address, state, partitions, cpus, gpus, usable}; empty while slurmctld is down).
     """
-    _show_status(DevCluster.load(state_dir), as_json)
+    _show_status(_loaded(state_dir), as_json)
 
 
 @devcluster.command("env")
 @state_dir_option
 def devcluster_env(state_dir: Path | None) -> None:
     """Print the export lines a shell needs: eval "$(hpcai devcluster env)"."""
-    for key, value in DevCluster.load(state_dir).variables().items():
+    for key, value in _loaded(state_dir).variables().items():
         click.echo(f"export {key}={value}")
 
 
@@ -133,8 +141,14 @@ def devcluster_env(state_dir: Path | None) -> None:
 @state_dir_option
 def devcluster_down(state_dir: Path | None) -> None:
     """Cancel every job and stop every daemon (harmless when nothing runs)."""
-    DevCluster.load(state_dir).down()
+    _loaded(state_dir).down()
     console.print("dev cluster stopped")
+
+
+def _loaded(state_dir: Path | None) -> DevCluster:
+    from .devcluster import DevCluster
+
+    return DevCluster.load(state_dir)
 
 
 def _show_status(cluster: DevCluster, as_json: bool = False) -> None:
@@ -194,12 +208,12 @@ def env_build(recipe: Path, name: str | None, site: bool, locked: bool, lock_fil
     with _BuildProgress() as shown:
         result = request.builder(store, progress=shown).run()
     if result.up_to_date:
-        console.print(f"env '{esc(result.dir.name)}' is up to date (build {esc(result.build.id)}); "
+        console.print(f"env '{esc(result.env_dir.name)}' is up to date (build {esc(result.build.id)}); "
                       "--rebuild forces a new build")
         for project, source in result.followed.items():
             console.print(f"  its editable {esc(project)} now follows {esc(source)}")
         return
-    console.print(f"env '{esc(result.dir.name)}' built: {esc(result.build.prefix)}")
+    console.print(f"env '{esc(result.env_dir.name)}' built: {esc(result.build.prefix)}")
     console.print(f"phases: {esc(result.summary())}")
 
 
@@ -343,12 +357,12 @@ def env_check(name: str, as_json: bool) -> None:
     store = EnvStore()
     target = store.get(name)
     checked = target.check()
-    hidden = store.shadowed(target.dir)
-    data = {"name": name, "scope": target.dir.scope, "root": str(target.dir.root.path), "build": target.build.id,
+    hidden = store.shadowed(target.env_dir)
+    data = {"name": name, "scope": target.env_dir.scope, "root": str(target.env_dir.root.path), "build": target.build.id,
             "passed": checked.passed, "warnings": checked.warnings, "shadows": [str(h.root.path) for h in hidden]}
     _emit(as_json, data, *(f"[green]✓[/] {esc(step)}" for step in checked.passed),
-          *(f"[yellow]warning:[/] {esc(w)}" for w in checked.warnings), *_shadowing(target.dir, hidden),
-          f"env '{esc(name)}' ({esc(target.dir.scope)}, {esc(target.dir.root.path)}) is OK")
+          *(f"[yellow]warning:[/] {esc(w)}" for w in checked.warnings), *_shadowing(target.env_dir, hidden),
+          f"env '{esc(name)}' ({esc(target.env_dir.scope)}, {esc(target.env_dir.root.path)}) is OK")
 
 
 def _shadowing(env_dir: EnvDir, hidden: list[EnvDir]) -> list[str]:
@@ -363,7 +377,7 @@ def env_remove(name: str) -> None:
     """Remove an env of yours and all its builds (a container env's udocker containers too)."""
     target = EnvStore().get(name)
     target.remove()
-    console.print(f"env '{esc(name)}' removed from {esc(target.dir.root.path)}")
+    console.print(f"env '{esc(name)}' removed from {esc(target.env_dir.root.path)}")
 
 
 @cli.group()
@@ -381,7 +395,7 @@ def kernel_install(name: str, display_name: str | None, user: bool, prefix: str 
     system kernelspec) for a site env, for you alone for yours."""
     store = EnvStore()
     target = store.get(name)
-    for note in _shadowing(target.dir, store.shadowed(target.dir)):
+    for note in _shadowing(target.env_dir, store.shadowed(target.env_dir)):
         console.print(note)
     path = kernelspec.install(target, display_name=display_name, user=user or None, prefix=prefix)
     console.print(f"kernel installed: {esc(path)}")
@@ -630,7 +644,9 @@ def logs(job: str | None, follow: bool, folder: Path) -> None:
 @click.option("--stop", is_flag=True, help="Stop the hub, its proxy, the servers' jobs and the dev cluster.")
 def demo(check: bool, stop: bool) -> None:
     """The main job: dev cluster, tf-horovod-cpu env and kernel, a hub with a demo user (--stop ends it all)."""
-    from .demo import DEMO_USER, check as walk, prepare, stop as stop_demo, timed
+    from .demo import DEMO_USER, prepare, timed
+    from .demo import check as walk
+    from .demo import stop as stop_demo
 
     if stop:
         stop_demo(_say)

@@ -8,6 +8,7 @@ only, nothing from this package.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import hmac
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ _ROWS = [
              "provisioner loads the extension with each kernel, and the first kernel takes the engines; else 0"),
     # kernel -> rank: set per engine set by RunningSet.launch (mpirun passes them with -x)
     Variable("HPCAI_NODE_ADDRS", ("kernel", "batch", "bench"), ("rank",),
-             "every node's Slurm address, 'node=addr,...'; a rank finds its own by SLURMD_NODENAME (else loopback)"),
+             "every node's Slurm address, 'node=addr,...'; a rank finds its own by its node's name (else loopback)"),
     Variable("HPCAI_WARM", ("kernel",), ("rank",),
              "the framework the ranks initialise as they boot (horovod, torch); empty: none"),
     Variable("HPCAI_CONNECTION_FILE", ("kernel",), ("rank",),
@@ -75,16 +76,16 @@ _ROWS = [
     Variable("HPCAI_RANK_OFFSET", ("kernel",), ("rank",),
              "in a grown job's ranks (%hpc grow): added to the launcher's rank, past the ranks already in the world"),
     Variable("HPCAI_WORLD_RANK", ("kernel",), ("rank",),
-             "the rank in the world as the kernel last re-formed it (ranks/world.py assign); read before SLURM_PROCID"),
+             "the rank in the world as the kernel last re-formed it (ranks/world.py assign); read before its launcher's"),
     Variable("HPCAI_WORLD_SIZE", ("kernel",), ("rank",), "the re-formed world's size (hpc.world_size())"),
     Variable("HPCAI_WORLD_LOCAL_RANK", ("kernel",), ("rank",), "the rank among the re-formed world's ranks on its node"),
     Variable("HPCAI_WORLD_LOCAL_SIZE", ("kernel",), ("rank",), "the re-formed world's ranks on this node"),
     Variable("HPCAI_RANK", ("kernel",), ("rank",),
-             "the rank, if no SLURM_PROCID, OMPI_COMM_WORLD_RANK or PMI_RANK (the local launcher's, ranks/local.py)"),
+             "the rank, if no launcher (Slurm, Open MPI, PMI) says it (the local launcher's, ranks/local.py)"),
     Variable("HPCAI_SIZE", ("kernel",), ("rank",),
-             "the ranks in all, if no OMPI_COMM_WORLD_SIZE, SLURM_NTASKS or PMI_SIZE (the local launcher's)"),
+             "the ranks in all, if no launcher says it (the local launcher's)"),
     Variable("HPCAI_LOCAL_RANK", ("kernel",), ("rank",),
-             "the rank on its node, if no SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK or MPI_LOCALRANKID (default 0)"),
+             "the rank on its node, if no launcher says it (default 0)"),
     Variable("HPCAI_LOCAL_SIZE", ("kernel",), ("rank",),
              "ranks on this node, if no OMPI_COMM_WORLD_LOCAL_SIZE or MPI_LOCALNRANKS (else Slurm's tasks per node)"),
     # site and user settings
@@ -105,7 +106,10 @@ _ROWS = [
     Variable("HPCAI_CONTAINER_ENV_DENY", ("admin", "tests"), ("server", "rank", "cli"),
              "comma-separated name patterns a container never sees, added to the built-in secret patterns"),
     Variable("HPCAI_CONTAINER_SLURM_PATHS", ("admin",), ("server", "rank", "cli"),
-             "host paths the Slurm client needs in a container, colon-separated (default: found beside SLURM_CONF)"),
+             "host paths the Slurm client needs in a container, colon-separated (default: found beside Slurm's config)"),
+    Variable("HPCAI_SCHEDULER", ("admin",), ("hub", "server", "kernel", "rank", "batch", "cli", "bench"),
+             "the scheduler the site runs, a name of scheduler.SCHEDULERS (default slurm): the hub's, passed on to "
+             "the jobs (Spawner.env_keep)"),
     Variable("HPCAI_CONTROLLER_IP", ("admin", "user", "tests"), ("kernel",),
              "where the ipyparallel controller listens (default: route to the first node, else loopback)"),
     Variable("HPCAI_REST_AFTER", ("admin", "user", "tests"), ("kernel", "job"),
@@ -212,3 +216,18 @@ class RankTable(TypedDict):
     warm: str | None  # the framework the ranks initialised as they booted
     telemetry_interval: float  # seconds between samples (0: off)
     grown: dict[str, list[int]]  # grown Slurm jobs (%hpc grow) by id: [nodes, ranks], joined or still waiting
+
+
+# --- what a container gets of its host's environment (envs/container.py; a grown job's ranks, engines/membership.py) ---
+# Variables a container never sees, whatever the site adds in HPCAI_CONTAINER_ENV_DENY: the hub's token and alike.
+SECRET_VARIABLES = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*_KEY")
+
+
+def without_secrets(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` less every variable whose name matches a deny pattern (shell-style, any case): SECRET_VARIABLES
+    (JUPYTERHUB_API_TOKEN, JPY_API_TOKEN, anything named like a token...), always, and the site's own in the
+    comma-separated ``HPCAI_CONTAINER_ENV_DENY``, which add to them. The kernel needs none of them: it connects
+    through its connection file."""
+    site = environ.get("HPCAI_CONTAINER_ENV_DENY", "").split(",")
+    patterns = [p.strip().upper() for p in (*SECRET_VARIABLES, *site) if p.strip()]
+    return {k: v for k, v in environ.items() if not any(fnmatch.fnmatchcase(k.upper(), p) for p in patterns)}

@@ -23,14 +23,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from . import kernelspec, paths, slurm
+from . import kernelspec, paths
 from .asuser import as_user
 from .devcluster import DevCluster
 from .envs import Builder, EnvStore, load_recipe, open_env
 from .errors import HPCAIError
 from .paths import open_private, private_dir, write_private
-from .proc import run, wait_until
+from .proc import wait_until
+from .scheduler import chosen
+from .scheduler.interface import TERMINAL_STATES
 
+scheduler = chosen()
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = REPO / "spawner_config" / "demo_config.py"
 DEMO_USER = "hpcai-demo"
@@ -253,7 +256,7 @@ def _build_env(say: Say) -> None:
         result = Builder(load_recipe(REPO / "recipes" / "tf-horovod-cpu.yaml"), store=EnvStore(), site=True,
                          progress=lambda e: say(f"  env {e.phase}: {e.message}") if e.state == "done" else None).run()
         say(f"env tf-horovod-cpu {'reused' if result.up_to_date else 'built'}: {result.build.prefix}")
-        spec = kernelspec.install(open_env(result.dir), prefix=sys.prefix, display_name="Python (tf-horovod-cpu)")
+        spec = kernelspec.install(open_env(result.env_dir), prefix=sys.prefix, display_name="Python (tf-horovod-cpu)")
         say(f"kernel installed: {spec}")
 
 
@@ -400,7 +403,7 @@ def check(hub: HubProcess, say: Say) -> int:
     try:
         hub.wait_ready(DEMO_USER)
         job = _job_of(DEMO_USER)
-        nodes = slurm.expand_hostlist(job.get("NodeList", ""))
+        nodes = scheduler.expand_hostlist(job.get("NodeList", ""))
         step("server ready", job.get("JobState") == "RUNNING" and len(nodes) == 2,
              f"Slurm job {job.get('JobId', '(none)')} {job.get('JobState', 'not found').lower()} on {', '.join(nodes)}")
         base, token = hub.user_url(DEMO_USER), hub.user_token(DEMO_USER)
@@ -426,17 +429,17 @@ def check(hub: HubProcess, say: Say) -> int:
 
 def _job_of(user: str) -> dict[str, str]:
     """scontrol's record of the one job ``user`` has in the queue ({} when none)."""
-    jobs = run(["squeue", "--noheader", "--user", user, "--format=%i"], timeout=30).stdout.split()
-    return (slurm.job_info(jobs[0]) or {}) if len(jobs) == 1 else {}
+    jobs = scheduler.user_jobs(user)
+    return (scheduler.job_info(jobs[0]) or {}) if len(jobs) == 1 else {}
 
 
 def _ended(job_id: str, timeout: float = 60) -> str | None:
     """How the job ended, as Slurm says it ("CANCELLED", "COMPLETED", or "gone from Slurm"); None if it still runs."""
     def state() -> str | None:
-        info = slurm.job_info(job_id)
+        info = scheduler.job_info(job_id)
         if info is None:
             return "gone from Slurm"
-        return info["JobState"] if info["JobState"] in slurm.TERMINAL_STATES else None
+        return info["JobState"] if info["JobState"] in TERMINAL_STATES else None
 
     try:
         return wait_until(state, timeout=timeout, what=f"job {job_id} to end")
@@ -450,7 +453,6 @@ def stop(say: Say) -> None:
     for what in HubProcess(paths.hub_dir(), 0).stop():
         say(f"stopped the {what}")
     cluster = DevCluster.load()
-    jobs = run(["squeue", "--noheader", "--format=%i"], env={**os.environ, **cluster.variables()}, check=False,
-               timeout=30).stdout.split() if cluster.running() else []
+    jobs = scheduler.user_jobs("", env={**os.environ, **cluster.variables()}) if cluster.running() else []
     cluster.down()
     say(f"dev cluster stopped ({len(jobs)} job(s) cancelled)" if jobs else "dev cluster stopped")

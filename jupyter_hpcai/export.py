@@ -21,18 +21,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .allocation import Allocation
 from .engines.launch import Layout
 from .errors import HPCAIError
-from .jobscript import JobScript, Submitted, export_node_addresses, rank_launch, ranks_per_node
+from .magic_args import parse, run_parser
 from .network import NODE_ADDRS
 from .ranks.batch import MASTER_ADDR_VAR, MASTER_PORT_VAR
 from .ranks.frameworks import FRAMEWORKS
-from .magic_args import parse, run_parser
-from .slurm import parse_duration
+from .scheduler import chosen
+from .scheduler.allocation import Allocation
+from .scheduler.durations import parse_duration
+from .scheduler.jobscript import JobScript, Submitted, rank_launch, ranks_per_node
 
-MAGICS = {"horovod": "%%horovod_run", "torch": "%%torchrun"}  # framework -> the cell magic that runs it
-RANK_MAGICS = {magic: framework for framework, magic in MAGICS.items()}
+scheduler = chosen()
+
+RANK_MAGICS = {f"%%{framework.magic}": name for name, framework in FRAMEWORKS.items()}  # the cell magic -> framework
 ALL = "all"
 
 
@@ -133,7 +135,7 @@ class JobSpec:
 
     @property
     def magic(self) -> str:
-        return MAGICS[self.framework]
+        return f"%%{FRAMEWORKS[self.framework].magic}"
 
     @property
     def stem(self) -> str:
@@ -202,13 +204,13 @@ def job_script(spec: JobSpec, python_script: Path, python: str | None = None) ->
              f"{spec.magic} cells as a batch job.",
              f"# Env {spec.env.name}, build {spec.env.build} in {spec.env.root} (its lock: "
              f"{spec.env.root}/{spec.env.name}/builds/{spec.env.build}), activated as the notebook's kernel is.",
-             "set -euo pipefail", "unset SLURM_EXPORT_ENV  # the ranks get this shell's whole environment"]
+             "set -euo pipefail", f"{scheduler.WHOLE_ENVIRONMENT}  # the ranks get this shell's whole environment"]
     # every node's Slurm address, for each rank to find its interface (network.py), as the kernel gives engines
-    lines += export_node_addresses(NODE_ADDRS)
+    lines += scheduler.export_node_addresses(NODE_ADDRS)
     rendezvous = FRAMEWORKS[spec.framework].params is not None
     if rendezvous:  # torch's store: the first node, a port from the job id
         lines += ['first=${addrs[0]}', f"export {MASTER_ADDR_VAR}=${{first#*=}}",
-                  f"export {MASTER_PORT_VAR}=$((20000 + SLURM_JOB_ID % 20000))"]
+                  f"export {MASTER_PORT_VAR}=$((20000 + {scheduler.JOB_ID_IN_SHELL} % 20000))"]
     run = rank_launch(spec.nodes, spec.gpus_per_node, [
         python or sys.executable, "-m", "jupyter_hpcai.envs.run", "--root", str(spec.env.root), "--build",
         spec.env.build, spec.env.name, "--", str(python_script)])
@@ -291,9 +293,7 @@ def spec_for(notebook: Path, chosen: str = ALL, env: str | None = None, **layout
 def job_layout(allocation: Allocation | None, layout: Layout | None) -> dict[str, Any]:
     """An export's layout from the notebook's own job: its engines' layout (else the allocation's), partition,
     account and walltime; None for what it does not say."""
-    from . import slurm
-
-    info = (slurm.job_info(allocation.job_id) or {}) if allocation else {}
+    info = (scheduler.job_info(allocation.job_id) or {}) if allocation else {}
     nodes = layout.nodes if layout else (len(allocation.nodes) if allocation else None)
     per_node = layout.per_node if layout else ((allocation.gpus_per_node or None) if allocation else None)
     return {"nodes": nodes, "gpus_per_node": per_node,
@@ -303,7 +303,5 @@ def job_layout(allocation: Allocation | None, layout: Layout | None) -> dict[str
 
 def submit(spec: JobSpec, sbatch: Path, folder: Path | None = None) -> Submitted:
     """sbatch the written script; the job, its output where the script's --output says."""
-    from . import slurm
-
-    job_id = slurm.sbatch([str(sbatch)])
+    job_id = scheduler.submit([str(sbatch)])
     return Submitted(job_id, spec.paths(folder)[1].parent / f"{spec.stem}-{job_id}.out")

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import allocation
 from .engines import Engines
-from .ranks.continuity import describe
 from .errors import HPCAIError
+from .ranks.continuity import describe
+from .scheduler import allocation, chosen
+
+environment = chosen().environment
 
 POLL = 1.0  # seconds between looks for the signal's mark (one stat)
 MARGIN = 15  # seconds the hooks' deadline keeps before the walltime
@@ -64,7 +66,7 @@ class WalltimeGuard:
                 self._run_hooks()
 
     def _warning(self) -> str:
-        job = self.environ.get("SLURM_JOB_ID", "?")
+        job = environment.job_id(self.environ) or "?"
         alloc = allocation.Allocation.current(self.environ)
         left = alloc.seconds_left() if alloc else None
         when = (f" at {alloc.end_time:%H:%M:%S} (in about {left / 60:.0f} min)"

@@ -10,8 +10,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import slurm
 from .errors import HPCAIError
+from .scheduler import chosen
+from .scheduler.interface import TERMINAL_STATES
+
+scheduler = chosen()
 
 DEFAULT_DIR = Path("~/.hpcai/logs")
 NAME = re.compile(r"jupyterhub-(\d+)\.log")
@@ -24,7 +27,7 @@ def find(folder: Path, job: str | None = None) -> Path:
     if job is not None:
         if not job.isdigit():
             raise HPCAIError(f"{job!r} is not a Slurm job id", "give the number squeue shows, or no job for the latest")
-        info = slurm.job_info(job) or {}
+        info = scheduler.job_info(job) or {}
         if info and info["UserName"] != getpass.getuser():  # its log path is that user's to choose
             raise HPCAIError(f"job {job} is {info['UserName']}'s", f"read it as that user: sudo -u {info['UserName']} "
                                                                   f"hpcai logs {job}")
@@ -53,8 +56,8 @@ def follow(path: Path, write: Callable[[str], None], interval: float = 0.5) -> N
     """Write the log, then what the job adds to it, until the job ends (or Slurm no longer knows it)."""
     with open(path, errors="replace") as log:
         while True:
-            state = (slurm.job_info(job_of(path)) or {}).get("JobState")
-            running = bool(state) and state not in slurm.TERMINAL_STATES
+            state = (scheduler.job_info(job_of(path)) or {}).get("JobState")
+            running = bool(state) and state not in TERMINAL_STATES
             if text := log.read():
                 write(text)
             if not running:

@@ -19,7 +19,7 @@ def kernel_name(env: Env) -> str:
 def render(env: Env, display_name: str | None = None) -> dict[str, Any]:
     """kernel.json for ``env``: its python, started through the hpcai-env provisioner, which runs it in the env
     (activated, or in its container); the provisioner finds the env in the root it lives in."""
-    values = {"{python}": env.python, "{env}": env.name, "{env_root}": str(env.dir.root.path),
+    values = {"{python}": env.python, "{env}": env.name, "{env_root}": str(env.env_dir.root.path),
               "{display_name}": display_name or f"Python ({env.name}, {env.describe()['kind']})"}
 
     def fill(node: Any) -> Any:
@@ -46,7 +46,7 @@ def install(env: Env, *, display_name: str | None = None, user: bool | None = No
     if not env.has_package("ipykernel"):
         raise HPCAIError(f"env '{env.name}' has no ipykernel, so it cannot run a kernel",
                          "add `ipykernel` to the recipe's pip list (or to the container image) and rebuild")
-    user = (env.dir.scope == "user" and prefix is None) if user is None else user
+    user = (env.env_dir.scope == "user" and prefix is None) if user is None else user
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp).chmod(0o755)  # copied as is: a system-wide kernelspec must be readable by every user
         (Path(tmp) / "kernel.json").write_text(json.dumps(render(env, display_name), indent=2) + "\n")

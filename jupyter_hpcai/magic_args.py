@@ -8,12 +8,12 @@ import argparse
 import functools
 import shlex
 
-from .ranks import telemetry
-from .ranks.frameworks import FRAMEWORKS
 from .engines.launch import LAUNCHERS
 from .engines.output import OUTPUT_MODES
 from .errors import HPCAIError
-from .slurm import parse_duration
+from .ranks import telemetry
+from .ranks.frameworks import FRAMEWORKS
+from .scheduler.durations import parse_duration
 
 
 class _Parser(argparse.ArgumentParser):

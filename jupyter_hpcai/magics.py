@@ -1,4 +1,5 @@
-"""`%hpc`, `%%horovod_run` and their line forms: argument parsing and display over the engines API."""
+"""`%hpc`, and a rank magic per framework (`%%horovod_run`, `%%torchrun`: frameworks.FRAMEWORKS) with its line form:
+argument parsing and display over the engines API."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, line_magic, magics_class
 
 from . import engines as engines_api
-from . import guard, hubapi
+from . import guard, hub_client
 from .engines import own_job, warm
 from .ranks import telemetry
+from .ranks.framework import Framework
+from .ranks.frameworks import FRAMEWORKS
 from .errors import HPCAIError
 from .magic_args import hpc_parser, parse, run_parser
 
@@ -34,19 +37,10 @@ class HPCMagics(Magics):  # type: ignore[misc]
         args = parse(hpc_parser(), line)
         return SUBCOMMANDS[args.command](engines_api.current(), args)
 
-    @line_cell_magic
-    def horovod_run(self, line: str, cell: str | None = None) -> Any:
-        """%%horovod_run [-n N] [--timeout S] [--output all|rank0|collapse] [--push NAMES] [-o VAR] [--elastic MIN]
-        (Horovod on TensorFlow: hvd, tf, rank, size, local_rank), or %horovod_run [options] SCRIPT [ARGS...]"""
-        return self._run("horovod", "horovod_run", line, cell)
-
-    @line_cell_magic
-    def torchrun(self, line: str, cell: str | None = None) -> Any:
-        """%%torchrun [options] (torch.distributed: dist, rank, world_size, local_rank, device),
-        or %torchrun [options] SCRIPT [ARGS...]"""
-        return self._run("torch", "torchrun", line, cell)
-
-    def _run(self, framework: str, name: str, line: str, cell: str | None) -> Any:
+    def on_ranks(self, framework: str, line: str, cell: str | None = None) -> Any:
+        """A rank magic of ``framework`` (frameworks.FRAMEWORKS: its magic's name): the cell, or with no cell the
+        script the line names, on every rank."""
+        name = FRAMEWORKS[framework].magic
         args = parse(run_parser(f"%{name}" if cell is None else f"%%{name}", script=cell is None), line)
         first_line = 2  # a cell magic's body starts on the cell's second line
         if cell is None:
@@ -164,12 +158,12 @@ def _telemetry(engines: Engines, args: argparse.Namespace) -> None:
 
 
 def _extend(engines: Engines, args: argparse.Namespace) -> None:
-    granted = hubapi.extend(args.duration)
+    granted = hub_client.extend(args.duration)
     print(f"Slurm job {granted['job_id']} extended: time limit {granted['time_limit']}, ends {granted['end_time']}")
 
 
 def _continue(engines: Engines, args: argparse.Namespace) -> None:
-    queued = hubapi.follow_up()
+    queued = hub_client.follow_up()
     print(f"follow-up queued: server '{queued['server']}', Slurm job {queued['job_id']}, starts when job "
           f"{queued['after']} ends (the hub's home page lists it; then open {queued['url']}).\n"
           "There, %hpc start and the cells that make your model, then %hpc restore loads the last checkpoint.")
@@ -277,11 +271,29 @@ def _print_ranks(ranks: list[engines_api.Rank]) -> None:
 _guard: guard.WalltimeGuard | None = None
 
 
+def rank_magic_help(framework: Framework) -> str:
+    """A rank magic's help: its options, and what its cells find ready on every rank."""
+    return (f"%%{framework.magic} [-n N] [--timeout S] [--output all|rank0|collapse] [--push NAMES] [-o VAR] "
+            f"[--elastic MIN] ({framework.title}: {', '.join(framework.names)}), or %{framework.magic} [options] "
+            "SCRIPT [ARGS...]")
+
+
+def _rank_magic(magics: HPCMagics, framework: str) -> Callable[..., Any]:
+    def magic(line: str, cell: str | None = None) -> Any:
+        return magics.on_ranks(framework, line, cell)
+
+    magic.__doc__ = rank_magic_help(FRAMEWORKS[framework])
+    return magic
+
+
 def load(ipython: Any) -> None:
     """The magics, the walltime guard, and the engines the job starts for its first kernel (warm.py; once per
     kernel)."""
     global _guard
-    ipython.register_magics(HPCMagics)
+    magics = HPCMagics(ipython)
+    ipython.register_magics(magics)
+    for name, framework in FRAMEWORKS.items():  # one rank magic per framework, named in its registry
+        ipython.register_magic_function(_rank_magic(magics, name), "line_cell", framework.magic)
     if _guard is None:
         _guard = guard.WalltimeGuard(ipython, engines_api.current)
         _guard.start()

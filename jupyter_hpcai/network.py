@@ -13,6 +13,10 @@ import socket
 import struct
 from collections.abc import Mapping, MutableMapping
 
+from .scheduler import chosen
+
+environment = chosen().environment
+
 LOOPBACK = "127.0.0.1"
 NODE_ADDRS = "HPCAI_NODE_ADDRS"  # "n1=10.0.0.1,n2=10.0.0.2": every node of the step, set by the launcher
 _SIOCGIFADDR = 0x8915
@@ -50,8 +54,8 @@ def decode_addresses(text: str) -> dict[str, str]:
 
 
 def node_address(env: Mapping[str, str]) -> str:
-    """This rank's node address: its entry in HPCAI_NODE_ADDRS (by SLURMD_NODENAME), else loopback."""
-    return decode_addresses(env.get(NODE_ADDRS, "")).get(env.get("SLURMD_NODENAME", ""), LOOPBACK)
+    """This rank's node address: its entry in HPCAI_NODE_ADDRS (by its node's name), else loopback."""
+    return decode_addresses(env.get(NODE_ADDRS, "")).get(env.get(environment.NODE_NAME, ""), LOOPBACK)
 
 
 def join_node_network(env: MutableMapping[str, str]) -> str:

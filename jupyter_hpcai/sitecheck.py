@@ -14,11 +14,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import paths, proc, slurm
+from . import paths, proc
 from .errors import HPCAIError
+from .scheduler import chosen
 from .siteinit import local_name
 from .spawner import compat
 from .spawner.spawner import command_env, offline_spawner
+
+scheduler = chosen()
+environment = chosen().environment
 
 CONNECT_TIMEOUT = 5  # seconds for a node to reach the hub's API address
 # The small job's report, one "key=value" line each: the hub's address as the node reaches it ("connected": the hub
@@ -59,10 +63,10 @@ def _checks(config_file: Path, user: str) -> Iterator[Check]:
     yield Check("hub config", True, f"{config_file} loads; batchspawner's settings are all used")
     yield _one_origin(config)
     as_user = shlex.split(spawner.exec_prefix.format(username=user))
-    yield _probe("Slurm client and munge", lambda: proc.run(["scontrol", "ping"], timeout=30).stdout.strip(),
-                 lambda out: "UP" in out, "start slurmctld and munged on this host, or set SLURM_CONF to the cluster's "
-                                          "slurm.conf")
-    for program in ("sbatch", "scancel", "install", "timeout", "tail"):
+    yield _probe("Slurm client and munge", lambda: proc.run(list(scheduler.PING), timeout=30).stdout.strip(),
+                 lambda out: "UP" in out,
+                 f"start slurmctld and munged on this host, or set {environment.CONFIG} to the cluster's slurm.conf")
+    for program in (*scheduler.SUBMITTERS, "install", "timeout", "tail"):
         yield _probe(f"exec_prefix runs {program} as {user}",
                      lambda program=program: proc.run([*as_user, program, "--version"], timeout=30).stdout.split("\n")[0],
                      bool, f"let the hub run `{shlex.join(as_user)} {program}` (sudoers), or fix "
@@ -117,7 +121,7 @@ def _shared_nodes(spawner: Any) -> Iterator[Check]:
     allows, and the partition's other jobs are the site's to keep apart."""
     for partition in sorted({p["partition"] for p in spawner.profiles if p.get("partition")} | set(spawner.partitions)):
         try:
-            shared = slurm.shared_between_users(partition)
+            shared = scheduler.shared_between_users(partition)
         except HPCAIError as err:
             yield Check(f"partition {partition} keeps users apart", False, err.message, "check the partition's name",
                         "warn")
@@ -136,13 +140,12 @@ def _job_checks(config: Any, spawner: Any, as_user: list[str]) -> Iterator[Check
     ip, port = hub.get("hub_connect_ip") or hub.get("hub_ip") or "127.0.0.1", int(hub.get("hub_port", 8081))
     profiles = list(spawner.profiles) or [{}]
     profile = next((p for p in profiles if p.get("gpus_per_node")), profiles[0])
-    args = ["-N1", "-t", "2", "--job-name=hpcai-site-check"]
-    args += [f"--partition={profile['partition']}"] if profile.get("partition") else []
-    args += [f"--account={profile['account']}"] if profile.get("account") else []
-    args += ["--gpus-per-node=1"] if profile.get("gpus_per_node") else []
+    fields = {"name": "hpcai-site-check", "nodes": 1, "time": "00:02:00", "partition": profile.get("partition"),
+              "account": profile.get("account"), "gpus_per_node": 1 if profile.get("gpus_per_node") else None}
     probe = PROBE.format(timeout=CONNECT_TIMEOUT, ip=ip, port=port)
     try:
-        done = proc.run([*as_user, "srun", *args, "bash", "-c", probe], timeout=180, env=command_env())
+        job = scheduler.job_of_its_own({key: value for key, value in fields.items() if value})
+        done = proc.run([*as_user, *job, "bash", "-c", probe], timeout=180, env=command_env())
     except HPCAIError as err:
         yield Check("a small job on a node", False, err.message,
                     f"check that {spawner.user.name} can run jobs on {profile.get('partition', 'the default partition')}")

@@ -19,13 +19,19 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
-from . import network, slurm
+from . import network
 from .errors import HPCAIError
+from .scheduler import chosen
+from .scheduler.durations import format_duration
+from .scheduler.interface import Partition
+
+scheduler = chosen()
+environment = chosen().environment
 
 TEMPLATES = Path(__file__).parent / "templates"
 HUB_CONFIG = Path("/etc/jupyterhub/jupyterhub_config.py")
 STATE_DIR = Path("/var/lib/jupyterhub")
-ENV_KEEP = ["PATH", "LANG", "LC_ALL", "HPCAI_ENV_PATH", "HPCAI_CONFIG"]
+ENV_KEEP = ["PATH", "LANG", "LC_ALL", "HPCAI_ENV_PATH", "HPCAI_CONFIG", "HPCAI_SCHEDULER"]
 
 
 @dataclass(frozen=True)
@@ -37,7 +43,7 @@ class Site:
     bind_url: str
     public_url: str  # what users open: scheme://host[:port]; each user's server on <user>.host (subdomain_host)
     state_dir: Path
-    partitions: list[slurm.Partition]  # those with GPUs, the default first
+    partitions: list[Partition]  # those with GPUs, the default first
     env_roots: list[Path]
     slurm_conf: str | None  # SLURM_CONF when the admin's shell has one (a config outside /etc/slurm)
     allowed_groups: list[str]  # the unix groups whose members may log in (none: nobody until the admin names them)
@@ -84,29 +90,29 @@ def origins(url: str) -> str:
 def detect(bind_url: str, state_dir: Path, env_roots: list[Path], allowed_groups: list[str],
            public: str = "") -> Site:
     """Ask Slurm for the GPU partitions and find this host's address on its route to their first node."""
-    gpu = sorted((p for p in slurm.partitions() if p.gpus_per_node), key=lambda p: not p.default)
+    gpu = sorted((p for p in scheduler.partitions() if p.gpus_per_node), key=lambda p: not p.default)
     if not gpu:
         raise HPCAIError("sinfo lists no partition with GPUs (Gres=gpu:N)",
                          "declare the GPUs in slurm.conf and gres.conf first "
                          "(hpcai site check tells what Slurm hands out)")
-    first = next((n.name for n in slurm.nodes() if gpu[0].name in n.partitions), None)
+    first = next((n.name for n in scheduler.nodes() if gpu[0].name in n.partitions), None)
     if first is None:
         raise HPCAIError(f"sinfo lists no node in partition {gpu[0].name}", "check the partition's Nodes= in slurm.conf")
-    address = slurm.node_address(first)
+    address = scheduler.node_address(first)
     try:
         hub_ip = network.source_address(address)
     except OSError as err:
         raise HPCAIError(f"this host has no route to node {first} ({address}): {err}",
                          "run site init on the hub host, which must reach the compute nodes") from None
     return Site(hub_ip, first, bind_url, public_url(bind_url, public), state_dir, gpu, env_roots,
-                os.environ.get("SLURM_CONF"), allowed_groups)
+                os.environ.get(environment.CONFIG), allowed_groups)
 
 
-def profiles(partitions: list[slurm.Partition]) -> list[dict[str, Any]]:
+def profiles(partitions: list[Partition]) -> list[dict[str, Any]]:
     """Starting points: one whole node of each GPU partition, and two where it has two (walltime: 2 h, or less)."""
     found = []
     for p in partitions:
-        walltime = slurm.format_duration(min(7200, p.max_time or 7200))
+        walltime = format_duration(min(7200, p.max_time or 7200))
         for nodes in (1, 2)[: min(2, p.nodes)]:
             found.append({"name": f"{p.name}: {nodes} node{'s' * (nodes > 1)} x {p.gpus_per_node} GPUs",
                           "partition": p.name, "nodes": nodes, "gpus_per_node": p.gpus_per_node, "walltime": walltime})
@@ -114,9 +120,10 @@ def profiles(partitions: list[slurm.Partition]) -> list[dict[str, Any]]:
 
 
 def hub_config(site: Site) -> str:
-    env_keep = ENV_KEEP + ["SLURM_CONF"] * bool(site.slurm_conf)
-    slurm_conf = (f"os.environ.setdefault(\"SLURM_CONF\", {site.slurm_conf!r})  # the hub's Slurm commands and the jobs'"
-                  if site.slurm_conf else "# Slurm's config: the default place (set SLURM_CONF here for another)")
+    env_keep = ENV_KEEP + [environment.CONFIG] * bool(site.slurm_conf)
+    slurm_conf = (f'os.environ.setdefault("{environment.CONFIG}", {site.slurm_conf!r})  '
+                  "# the hub's Slurm commands and the jobs'" if site.slurm_conf else
+                  f"# Slurm's config: the default place (set {environment.CONFIG} here for another)")
     return Template((TEMPLATES / "jupyterhub_config.py.in").read_text()).substitute(
         written=_today(), first_node=site.first_node, hub_ip=repr(site.hub_ip), bind_url=repr(site.bind_url),
         subdomain_host=repr(site.public_url), subdomain_host_text=site.public_url,

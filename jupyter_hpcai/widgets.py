@@ -16,13 +16,12 @@ from html import escape
 import ipywidgets as w
 
 from . import engines as engines_api
-from .ranks import telemetry
 from .engines import Engines
 from .engines.launch import usable
 from .engines.own_job import Request, waiting
 from .errors import HPCAIError
-from .slurm import format_duration
-
+from .ranks import telemetry
+from .scheduler.durations import format_duration
 
 THIS_MACHINE, OWN_JOB = "this machine", "a Slurm job of its own"
 

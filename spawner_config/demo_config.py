@@ -65,7 +65,7 @@ c.Spawner.cmd = [f"{sys.prefix}/bin/jupyterhub-singleuser"]
 # `hpcai demo` opens JupyterLab on the example notebook it copied into the demo user's home
 notebook = os.environ.get("HPCAI_DEMO_NOTEBOOK")
 c.Spawner.default_url = f"/lab/tree/{notebook}" if notebook else "/lab"
-c.Spawner.env_keep = ["PATH", "LANG", "LC_ALL", "SLURM_CONF", "HPCAI_ENV_PATH", "HPCAI_CONFIG"]
+c.Spawner.env_keep = ["PATH", "LANG", "LC_ALL", "SLURM_CONF", "HPCAI_ENV_PATH", "HPCAI_CONFIG", "HPCAI_SCHEDULER"]
 c.Spawner.start_timeout = 300
 c.Spawner.http_timeout = 120
 c.Spawner.poll_interval = 10

@@ -127,7 +127,7 @@ def env_store(tmp_path_factory: pytest.TempPathFactory) -> EnvStore:
 def small_env(small_recipe: Path, env_store: EnvStore, bench: list[str]) -> EnvDir:
     """The small env built from the local channel (conda layer) and PyPI (pip layer)."""
     result = Builder(load_recipe(small_recipe), store=env_store).run()
-    return result.dir
+    return result.env_dir
 
 
 @pytest.fixture(scope="session")
@@ -155,7 +155,7 @@ def kernel_env(small_recipe: Path, env_store: EnvStore, tmp_path_factory: pytest
     recipe.write_text(small_recipe.read_text().replace("name: small", "name: kernel")
                       .replace("pip: [six==1.16.0]", "pip: [six==1.16.0, ipykernel]")
                       + "modules: [hpcai-test/1.0]\n")
-    env = Builder(load_recipe(recipe), store=env_store).run().dir
+    env = Builder(load_recipe(recipe), store=env_store).run().env_dir
     jupyter = tmp_path_factory.mktemp("jupyter")
     kernelspec.install(open_env(env), prefix=str(jupyter))
     os.environ["JUPYTER_PATH"] = str(jupyter / "share" / "jupyter")

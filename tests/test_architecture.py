@@ -5,6 +5,7 @@ helpers in tests/helpers/."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,8 +126,6 @@ def test_conftest_holds_fixtures_and_hooks_only() -> None:
 def test_every_hpcai_variable_is_declared_in_the_contract() -> None:
     """Every HPCAI_* name the code (and the files it ships or runs: configs, scripts, the lab extension) uses is a
     row of contract.VARIABLES, saying who sets it and who reads it; and every row is still used."""
-    import re
-
     from jupyter_hpcai.contract import _ROWS, VARIABLES
 
     assert len(VARIABLES) == len(_ROWS), "a variable is declared twice"
@@ -135,9 +134,13 @@ def test_every_hpcai_variable_is_declared_in_the_contract() -> None:
     used: dict[str, str] = {}
     for place in places:
         for path in place.rglob("*"):
-            if path.is_file() and path.suffix in {".py", ".in", ".json", ".sh", ".ts", ".tsx", ".toml"} \
-                    and path.name != "contract.py":
-                for name in re.findall(r"\bHPCAI_[A-Z0-9_]+\b", path.read_text(errors="replace")):
+            if path.is_file() and path.suffix in {".py", ".in", ".json", ".sh", ".ts", ".tsx", ".toml"}:
+                text = path.read_text(errors="replace")
+                if path == PACKAGE / "contract.py":  # its own code uses some; its rows declare, they use nothing
+                    rows = next(node for node in ast.parse(text).body if isinstance(node, ast.Assign)
+                                and ast.unparse(node.targets[0]) == "_ROWS")
+                    text = text.replace(ast.get_source_segment(text, rows) or "", "")
+                for name in re.findall(r"\bHPCAI_[A-Z0-9_]+\b", text):
                     used.setdefault(name, str(path.relative_to(REPO)))
     assert "HPCAI_OWN_JOB_GRACE" in used and "HPCAI_JOB_STATE" in used  # the walk reads the code: a control
     undeclared = {name: where for name, where in used.items() if name not in VARIABLES}
@@ -146,10 +149,170 @@ def test_every_hpcai_variable_is_declared_in_the_contract() -> None:
 
 
 def test_one_place_renders_sbatch_lines() -> None:
-    """Every batch script's header comes from jobscript.JobScript: no other module writes an #SBATCH line."""
+    """Every batch script's header comes from jobscript.JobScript, through the Slurm implementation's ``header``:
+    no other module writes an #SBATCH line."""
     import re
 
     line = re.compile(r"""["'(]#SBATCH |#SBATCH \{""")  # the start of a string that is (or builds) an #SBATCH line
     writers = sorted(str(p.relative_to(REPO)) for p in PACKAGE.rglob("*.py") if line.search(p.read_text()))
-    assert writers == ["jupyter_hpcai/jobscript.py"]
+    assert writers == ["jupyter_hpcai/scheduler/slurm/script.py"]
     assert line.search('x = f"#SBATCH --nodes={n}"') and line.search("'#SBATCH --x'")  # the pattern sees one
+
+
+WORKSHOP = ("jupyter_hpcai.devcluster", "jupyter_hpcai.bench")  # the dev cluster and the benchmarks
+
+
+def _loaded_by(module: str) -> list[str]:
+    """The workshop's modules that importing ``module`` loads, in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    code = (f"import sys, {module}\n"
+            f"print(sorted(m for m in sys.modules if m.startswith({WORKSHOP!r})))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
+                          check=True)
+    return [m.strip(" '[]") for m in done.stdout.strip().split(",") if m.strip(" '[]")]
+
+
+def test_the_hpcai_command_loads_the_workshop_for_its_own_commands_only() -> None:
+    """`hpcai` loads the dev cluster and the benchmarks only when one of their commands runs; the control: the
+    demo, which runs on the dev cluster, loads it."""
+    assert _loaded_by("jupyter_hpcai.cli") == []
+    assert "jupyter_hpcai.devcluster" in _loaded_by("jupyter_hpcai.demo")
+
+
+SCHEDULER = PACKAGE / "scheduler"
+SLURM = SCHEDULER / "slurm"  # everything this project knows of Slurm
+SCHEDULER_COMMANDS = {"srun", "sbatch", "squeue", "scontrol", "scancel", "sinfo", "salloc", "sacct", "sacctmgr",
+                      "sdiag", "sstat"}
+SCHEDULER_VARIABLE = re.compile(r"\b(?:SLURMD?|SBATCH|SRUN|SALLOC)_[A-Z_]+")
+# a command line in a string (at its start, in $(...), after a pipe or a separator): the command, then an option
+# or a subcommand; prose that names a command ("sinfo lists no node") is not one
+SCHEDULER_LINE = re.compile(r"(?:^|\$\(|[|;&]\s*)(?P<command>%s)\s+(?:-|show\b|update\b|ping\b|hostnames\b)"
+                            % "|".join(SCHEDULER_COMMANDS))
+BEFORE_SEAM = "b157952"  # main before the scheduler had its seam (issue 56)
+
+
+def _names_the_scheduler(source: str) -> list[str]:
+    """Where ``source`` runs a scheduler command (an argument list or tuple that starts with one, a command line in
+    a string) or names a scheduler variable in a string (its docstrings and comments aside)."""
+    tree = ast.parse(source)
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    unpacked = {id(node.value) for node in ast.walk(tree)  # name, kind = "srun", True: values, not a command
+                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            if name := SCHEDULER_VARIABLE.search(node.value):
+                found.append(f"line {node.lineno} names {name.group()}")
+            elif line := SCHEDULER_LINE.search(node.value):
+                found.append(f"line {node.lineno} runs {line['command']}")
+        if isinstance(node, (ast.List, ast.Tuple)) and id(node) not in unpacked and node.elts \
+                and isinstance(node.elts[0], ast.Constant) and node.elts[0].value in SCHEDULER_COMMANDS:
+            found.append(f"line {node.lineno} runs {node.elts[0].value}")
+    return found
+
+
+def _naming(files: dict[str, str]) -> dict[str, list[str]]:
+    """The package's modules (path -> source) that name the scheduler outside its implementation and the dev
+    cluster (the workshop's own Slurm)."""
+    return {path: found for path, source in files.items()
+            if not path.startswith(("jupyter_hpcai/scheduler/slurm/", "jupyter_hpcai/devcluster/"))
+            if (found := _names_the_scheduler(source))}
+
+
+def _files_at(commit: str) -> dict[str, str] | None:
+    """The package's Python files at ``commit``, or None where this clone lacks it."""
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-tree", "-r", "--name-only", commit, "jupyter_hpcai"], cwd=REPO,
+                            capture_output=True, text=True)
+    if listed.returncode != 0:
+        return None
+    paths = [p for p in listed.stdout.split() if p.endswith(".py")]
+    return {p: subprocess.run(["git", "show", f"{commit}:{p}"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout for p in paths}
+
+
+def test_the_scheduler_lives_behind_one_seam(bench: list[str]) -> None:
+    """Outside jupyter_hpcai/scheduler/slurm/ no module runs a scheduler command or names a scheduler variable (the
+    dev cluster, the workshop's own Slurm, aside): adding a scheduler is a package beside it and its line in
+    SCHEDULERS. Printed: how many modules name the scheduler, before the seam and now."""
+    now = {str(p.relative_to(REPO)): p.read_text() for p in PACKAGE.rglob("*.py")}
+    assert _naming(now) == {}, "move these into jupyter_hpcai/scheduler/slurm/"
+    inside = {path for path, source in now.items() if path.startswith("jupyter_hpcai/scheduler/slurm/")
+              and _names_the_scheduler(source)}
+    assert "jupyter_hpcai/scheduler/slurm/commands.py" in inside  # the walk sees the implementation: a control
+    outside = '"""a SLURM_PROCID docstring"""\nrun(["squeue", "--me"])\nx = env.get("SLURM_JOB_ID")\n' \
+              'y = f"$(scontrol show node {n})"\nz = ("scancel", job)\nw = "sbatch --parsable"\n' \
+              'v = "sinfo lists no node"\nu, t = "srun", True\n'
+    assert sorted(_names_the_scheduler(outside)) == ["line 2 runs squeue", "line 3 names SLURM_JOB_ID",
+                                                     "line 4 runs scontrol", "line 5 runs scancel",
+                                                     "line 6 runs sbatch"]  # and one outside; prose, values aside
+    before = _files_at(BEFORE_SEAM)
+    counted = f"{len(_naming(before))} before the seam ({BEFORE_SEAM})" if before is not None else \
+        f"before the seam: {BEFORE_SEAM} is not in this clone"
+    bench.append(f"modules that name the scheduler outside its implementation: {len(_naming(now))} now, {counted}; "
+                 f"adding one: a package beside jupyter_hpcai/scheduler/slurm/ ({len(inside)} of its "
+                 f"{sum(p.startswith('jupyter_hpcai/scheduler/slurm/') for p in now)} modules name Slurm) and "
+                 "one line of SCHEDULERS")
+
+
+def _members(protocol: type) -> set[str]:
+    return set(protocol.__annotations__) | {name for name, value in vars(protocol).items()
+                                            if callable(value) and not name.startswith("_")}
+
+
+def _missing(implementation: object) -> list[str]:
+    """The members of interface.Scheduler (and of its environment and container client) ``implementation`` lacks."""
+    from jupyter_hpcai.scheduler.interface import ContainerClient, JobEnvironment, Scheduler
+
+    missing = [name for name in _members(Scheduler) if not hasattr(implementation, name)]
+    for part, protocol in (("environment", JobEnvironment), ("client", ContainerClient)):
+        missing += [f"{part}.{name}" for name in _members(protocol) if not hasattr(getattr(implementation, part,
+                                                                                        None), name)]
+    return sorted(missing)
+
+
+def test_each_registered_scheduler_is_the_whole_interface_and_chosen_by_configuration(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Every module of SCHEDULERS has every member of interface.Scheduler (a control: one without ``submit``
+    fails); HPCAI_SCHEDULER chooses among them, and a name none registers is refused with what to set."""
+    import importlib
+    import types
+
+    import pytest
+
+    from jupyter_hpcai import scheduler
+    from jupyter_hpcai.errors import HPCAIError
+
+    for name, module in scheduler.SCHEDULERS.items():
+        assert _missing(importlib.import_module(module)) == [], name
+    slurm = importlib.import_module(scheduler.SCHEDULERS["slurm"])
+    partial = types.SimpleNamespace(**{name: getattr(slurm, name) for name in dir(slurm) if name != "submit"})
+    assert _missing(partial) == ["submit"]
+    monkeypatch.delenv(scheduler.SCHEDULER_VAR, raising=False)
+    assert scheduler.chosen() is slurm
+    monkeypatch.setenv(scheduler.SCHEDULER_VAR, "pbs")
+    with pytest.raises(HPCAIError, match="HPCAI_SCHEDULER='pbs' names no scheduler") as refused:
+        scheduler.chosen()
+    assert "slurm" in refused.value.hint
+
+
+def test_what_a_rank_loads_of_the_scheduler_is_standard_library() -> None:
+    """The scheduler package and its chosen implementation load nothing beyond the standard library and the
+    package itself (a rank imports them, in containers too); the control: the engines load ipyparallel."""
+    import subprocess
+    import sys
+
+    def third_party(imports: str) -> list[str]:
+        code = (f"import sys\nbefore = set(sys.modules)\n{imports}\n"
+                "print(sorted({m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names)))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
+                             check=True).stdout
+        return [name.strip(" '[]\n") for name in out.split(",") if name.strip(" '[]\n")]
+
+    assert third_party("from jupyter_hpcai.scheduler import allocation, chosen, durations, jobscript\nchosen()") \
+        == ["jupyter_hpcai"]
+    assert "ipyparallel" in third_party("import jupyter_hpcai.engines.launch")

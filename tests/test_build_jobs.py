@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from helpers.gpus import real_gpus
-from jupyter_hpcai import slurm
+from jupyter_hpcai.scheduler import slurm
+from jupyter_hpcai.scheduler.interface import TERMINAL_STATES
 from jupyter_hpcai.devcluster import SEPARATE
 from jupyter_hpcai.envs import EnvStore, open_env, parse_recipe
 from jupyter_hpcai.envs.preflight import preflight
@@ -95,7 +96,7 @@ def test_cancelling_a_build_job_keeps_the_old_env(devcluster, small_recipe: Path
             subprocess.run(["scancel", "--name=hpcai-build-cancelled"], timeout=30)  # no job outlives a failure
     job_id = output.split("build job ")[1].split()[0]
     assert "cancel build job" in output and f"cancelling job {job_id}" in output, output
-    wait_until(lambda: slurm.job_info(job_id)["JobState"] in slurm.TERMINAL_STATES, timeout=60, what="the job to end")  # type: ignore[index]
+    wait_until(lambda: slurm.job_info(job_id)["JobState"] in TERMINAL_STATES, timeout=60, what="the job to end")  # type: ignore[index]
     assert slurm.job_info(job_id)["JobState"] == "CANCELLED"  # type: ignore[index]
     assert env.current() == before and open_env(env).check().passed
     wait_until(lambda: [b.id for b in env.builds()] == [before.id], timeout=30,  # type: ignore[union-attr]

@@ -25,7 +25,8 @@ from helpers.image import MARKER, image_tarball
 from helpers.jupyter import wait_for_stream
 from jupyter_hpcai.engines.launch import LAUNCHERS
 from jupyter_hpcai.envs import ContainerEnv, ContainerLaunch, EnvDir, EnvStore, open_env
-from jupyter_hpcai.envs.container import Settings, import_container
+from jupyter_hpcai.envs.container import import_container
+from jupyter_hpcai.envs.udocker import Settings
 from jupyter_hpcai.errors import HPCAIError
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -120,7 +121,7 @@ def test_docker_save_tarball_is_loaded_and_remove_cleans_up(udocker: dict[str, s
     removed = _cli("env", "remove", "saved", store=env_store)
     assert removed.returncode == 0, removed.stdout
     assert not (Path(udocker["UDOCKER_DIR"]) / "containers" / found.container).exists()
-    assert not env_store.env("saved").dir.exists()
+    assert not env_store.env("saved").path.exists()
 
 
 @pytest.mark.parametrize(("args", "variables", "message", "fix"), [
@@ -268,7 +269,7 @@ def tf_container(udocker: dict[str, str], image: Path, env_store: EnvStore, tf_e
     """The image with TensorFlow and Horovod from the tf-horovod-cpu env, bind-mounted at the same path (the
     image itself has neither); the env's python is a venv of python 3.11, which the image has too."""
     return import_container(str(image), "tfc", store=env_store, python=str(tf_env.current_link / "bin" / "python"),
-                            binds=[str(tf_env.dir)])
+                            binds=[str(tf_env.path)])
 
 
 def test_horovod_allreduce_on_container_ranks(devcluster, tf_container: ContainerEnv, env_store: EnvStore,  # type: ignore[no-untyped-def]

@@ -139,7 +139,7 @@ def _engine_processes() -> list[str]:
 def test_walltime_signal_checkpoints_and_the_next_job_resumes(hub: Hub, tf_kernelspec: str) -> None:
     from playwright.sync_api import sync_playwright
 
-    from jupyter_hpcai import slurm
+    from jupyter_hpcai.scheduler import slurm
 
     checkpoints = _home() / ".hpcai" / "checkpoints" / "walltime-test"
     shutil.rmtree(checkpoints, ignore_errors=True)
@@ -226,7 +226,7 @@ def test_extend_within_the_site_policy_and_refusals(hub: Hub, tf_kernelspec: str
     """The demo policy lets gpu jobs grow to 4 hours: %hpc extend and the side panel's endpoint are granted
     (scontrol shows the new limit, the countdown moves), a request past the policy is refused with its reason,
     and a token that is not the server's own extends nothing."""
-    from jupyter_hpcai import slurm
+    from jupyter_hpcai.scheduler import slurm
 
     job = _spawn(hub, 1, "00:30:00")
     kernel = Kernel(hub, tf_kernelspec)

@@ -16,7 +16,8 @@ import pytest
 
 from helpers.envs import shipped_env_held
 from helpers.jupyter import free_port
-from jupyter_hpcai import slurm
+from jupyter_hpcai.scheduler import slurm
+from jupyter_hpcai.scheduler.interface import TERMINAL_STATES
 from jupyter_hpcai.demo import DEMO_USER, NOTEBOOK, REPO, _running, check_cells, copy_examples, ensure_user
 from jupyter_hpcai.errors import HPCAIError
 
@@ -54,7 +55,7 @@ def test_demo_check_walks_the_whole_path(devcluster, tf_env, tmp_path: Path) -> 
     assert ready and ended and ready.group(1) == ended.group(1), out
     job = slurm.job_info(ready.group(1)) or {}
     assert slurm.expand_hostlist(job.get("NodeList", "")) == ["n1", "n2"] and job.get("JobState") == ended.group(2)
-    assert ended.group(2) in slurm.TERMINAL_STATES
+    assert ended.group(2) in TERMINAL_STATES
     # --stop: the hub and its proxy are gone, the cluster is down, and a second --stop is harmless
     assert stopped.returncode == 0 and "stopped the hub" in stopped.stdout and "stopped the proxy" in stopped.stdout
     assert "dev cluster stopped" in stopped.stdout, stopped.stdout + stopped.stderr

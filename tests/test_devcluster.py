@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_hpcai import slurm
+from jupyter_hpcai.scheduler import slurm
 from jupyter_hpcai.devcluster import SEPARATE, SHARED, DevCluster, check_prerequisites, own_hosts
 from jupyter_hpcai.devcluster.cpu import NodeCPU
-from jupyter_hpcai.devcluster.network import NODE_IFACE, Network
+from jupyter_hpcai.devcluster.namespaces import NODE_IFACE, Network
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
 
@@ -58,7 +58,7 @@ def test_two_node_gpu_jobs_get_distinct_gpus(devcluster: DevCluster, tmp_path: P
     try:
         for name in ("a", "b"):
             out = tmp_path / f"{name}.out"
-            jobs.append(slurm.sbatch(["-N2", "--gpus-per-node=2", f"--output={out}", str(script), str(release)]))
+            jobs.append(slurm.submit(["-N2", "--gpus-per-node=2", f"--output={out}", str(script), str(release)]))
             seen.append(wait_until(lambda: _gpu_lines(out), timeout=60, what=f"job {name} to report its GPUs"))
     finally:
         release.touch()
@@ -301,11 +301,11 @@ def _leftovers(cluster: DevCluster) -> list[str]:
 KILLED_RUN = """
 import sys, time
 from pathlib import Path
-from jupyter_hpcai import slurm
+from jupyter_hpcai.scheduler import slurm
 from jupyter_hpcai.devcluster import DevCluster
 cluster = DevCluster(state_dir=Path(sys.argv[1]), nodes=2, gpus_per_node=1, port=7917, **eval(sys.argv[2]))
 cluster.up()
-slurm.sbatch(["-N2", f"--output={sys.argv[1]}/job.out", "--wrap", "srun sleep 600"], env=cluster.environ())
+slurm.submit(["-N2", f"--output={sys.argv[1]}/job.out", "--wrap", "srun sleep 600"], env=cluster.environ())
 print(cluster.mode, flush=True)
 time.sleep(600)
 """
@@ -365,7 +365,7 @@ def test_a_namespace_file_without_its_namespace_is_made_again(devcluster: DevClu
 def test_without_namespaces_up_says_so_and_the_nodes_share_loopback(devcluster: DevCluster, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A machine without `ip` (or without the privilege): up falls back to one shared address and says why."""
-    monkeypatch.setattr("jupyter_hpcai.devcluster.network._IP_PATH", str(tmp_path))  # no `ip` found there
+    monkeypatch.setattr("jupyter_hpcai.devcluster.namespaces._IP_PATH", str(tmp_path))  # no `ip` found there
     other = DevCluster(state_dir=tmp_path / "cluster", nodes=2, gpus_per_node=1, port=8017, **OTHER_NETWORK)
     try:
         other.up()

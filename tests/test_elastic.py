@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from helpers.kernels import JobKernel, kernel_in_job
-from jupyter_hpcai import slurm
+from jupyter_hpcai.scheduler import slurm
 from jupyter_hpcai.devcluster import DevCluster
 from jupyter_hpcai.proc import wait_until
 
@@ -116,7 +116,7 @@ def test_a_grown_job_that_waits_returns_at_once_and_shrink_cancels_it(devcluster
                                                                       tmp_path: Path) -> None:
     """The partition is full (a job holds n2): the estimate says when, grow without --wait returns, and shrink
     cancels the waiting job; grown again, its ranks join once Slurm starts it (n2 freed), the next cell runs on 4."""
-    blocker = slurm.sbatch(["-N1", "-w", "n2", "--gpus-per-node=4", "--time=00:10:00", f"--output={tmp_path}/blocker.out",
+    blocker = slurm.submit(["-N1", "-w", "n2", "--gpus-per-node=4", "--time=00:10:00", f"--output={tmp_path}/blocker.out",
                             "--wrap", "sleep 600"])
     try:
         wait_until(lambda: _job_state(str(blocker)) == "RUNNING", timeout=60, what="the job that fills n2")

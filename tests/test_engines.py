@@ -589,7 +589,9 @@ def test_a_real_notebook_through_nbclient(devcluster, tf_env, tmp_path) -> None:
 
     import nbformat
 
-    from jupyter_hpcai import kernelspec, slurm
+    from jupyter_hpcai import kernelspec
+    from jupyter_hpcai.scheduler import slurm
+    from jupyter_hpcai.scheduler.interface import TERMINAL_STATES
     from jupyter_hpcai.envs import open_env
     from jupyter_hpcai.proc import wait_until
 
@@ -600,11 +602,11 @@ def test_a_real_notebook_through_nbclient(devcluster, tf_env, tmp_path) -> None:
         "%hpc stop")])
     path = tmp_path / "demo.ipynb"
     nbformat.write(nb, path)
-    job = slurm.sbatch(["-N2", "--ntasks-per-node=2", "--gpus-per-node=2", "--time=00:20:00", f"--output={tmp_path}/job.out",
+    job = slurm.submit(["-N2", "--ntasks-per-node=2", "--gpus-per-node=2", "--time=00:20:00", f"--output={tmp_path}/job.out",
                         "--wrap", f"{Path(sys.executable).parent}/jupyter-execute --inplace --timeout=600 "
                                   f"--kernel_name={kernelspec.kernel_name(tf_env)} {path}"],
                        env={**os.environ, "JUPYTER_PATH": str(tmp_path / "share" / "jupyter")})
-    state = wait_until(lambda: (slurm.job_info(job) or {}).get("JobState") in slurm.TERMINAL_STATES
+    state = wait_until(lambda: (slurm.job_info(job) or {}).get("JobState") in TERMINAL_STATES
                        and slurm.job_info(job)["JobState"], timeout=600, what="the notebook job")  # type: ignore[index]
     assert state == "COMPLETED", (tmp_path / "job.out").read_text()
     outputs = "".join(o.get("text", "") for c in nbformat.read(path, as_version=4).cells for o in c.get("outputs", []))

@@ -466,7 +466,7 @@ def test_interrupted_build_keeps_the_previous_env(small_env: EnvDir, small_recip
 
 
 def test_logs_are_private(small_env: EnvDir) -> None:
-    logs = small_env.dir / "logs"
+    logs = small_env.path / "logs"
     assert logs.stat().st_mode & 0o777 == 0o700
     assert {p.stat().st_mode & 0o777 for p in logs.iterdir()} == {0o600}
 

@@ -23,14 +23,15 @@ import pytest
 from helpers.hub import (BOB, USER, Hub, as_user, demo_config_with, ensure_user, every_gpu_held, progress_events,
                          server_token)
 from helpers.record import attack
-from jupyter_hpcai import slurm
+from jupyter_hpcai.scheduler import slurm
+from jupyter_hpcai.scheduler.durations import parse_duration
 from jupyter_hpcai.demo import request
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
 from jupyter_hpcai.spawner import fairness
 from jupyter_hpcai.spawner.options import SpawnOptions
 from jupyter_hpcai.spawner.progress import Feed
-from jupyter_hpcai.spawner.scheduler import Scheduler
+from jupyter_hpcai.spawner.queries import SharedQueries
 from jupyter_hpcai.spawner.spawner import offline_spawner
 
 DEBUG = {"profile": "1 node, 1 GPU (debug)"}  # the demo extends no debug job
@@ -110,7 +111,7 @@ def test_extend_refuses_by_policy_before_asking_slurm(monkeypatch: pytest.Monkey
     async def ask(self: Any, job_id: str) -> None:
         asked.append(job_id)
 
-    monkeypatch.setattr(Scheduler, "fresh_job_info", ask)
+    monkeypatch.setattr(SharedQueries, "fresh_job_info", ask)
     spawner = offline_spawner(DEMO, "alice")
     spawner.job_id = "4242"
     for partition in ("debug", "gpu"):
@@ -276,7 +277,7 @@ def test_an_extend_flood_reaches_slurm_a_bounded_number_of_times(hub: Hub) -> No
     hub.wait_ready()
     job = _job(hub)
     token = server_token(USER, job)
-    before = slurm.parse_duration((slurm.job_info(job) or {})["TimeLimit"]) or 0
+    before = parse_duration((slurm.job_info(job) or {})["TimeLimit"]) or 0
     url = f"{hub.url}/hub/api/hpcai/extend"
 
     def extend(_: int) -> tuple[int, Any]:
@@ -287,7 +288,7 @@ def test_an_extend_flood_reaches_slurm_a_bounded_number_of_times(hub: Hub) -> No
         at_once = list(pool.map(extend, range(300)))
     in_turn = [extend(i) for i in range(60)]
     took = time.monotonic() - started
-    after = slurm.parse_duration((slurm.job_info(job) or {})["TimeLimit"]) or 0
+    after = parse_duration((slurm.job_info(job) or {})["TimeLimit"]) or 0
     _stop_all(hub)
     statuses = [status for status, _ in at_once + in_turn]
     granted, bound = statuses.count(200), PER_MINUTE + took * PER_MINUTE / 60 + 1

@@ -73,7 +73,7 @@ def test_killed_controller_is_reported_and_restart_recovers(world: JobKernel) ->
 def test_stopped_slurmd_leaves_running_ranks_working(world: JobKernel, devcluster) -> None:  # type: ignore[no-untyped-def]
     """slurmd on n2 dies mid-training and is restarted within SlurmdTimeout (60 s here), as an admin or
     systemd would: the running ranks never needed it, the cell finishes, the job and the node stay up."""
-    from jupyter_hpcai import slurm
+    from jupyter_hpcai.scheduler import slurm
     from jupyter_hpcai.proc import wait_until
 
     assert world.run("%hpc status").status == "ok"
@@ -149,7 +149,7 @@ def test_unwritable_manifest_fails_the_build_and_keeps_the_env(small_recipe: Pat
     Builder(load_recipe(small_recipe), store=env_store, name=name).run()
     env = env_store.env(name)
     before = env.current()
-    builds = env.dir / "builds"
+    builds = env.path / "builds"
     changed = small_recipe.parent / "readonly.yaml"
     changed.write_text(small_recipe.read_text().replace("six==1.16.0", "six==1.17.0"))
 

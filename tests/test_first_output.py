@@ -19,7 +19,8 @@ import pytest
 
 from helpers import cpu
 from helpers.hub import USER, Hub, as_user, logged_in_page
-from jupyter_hpcai import kernelspec, slurm
+from jupyter_hpcai import kernelspec
+from jupyter_hpcai.scheduler import slurm
 from jupyter_hpcai.envs import open_env
 
 NOTEBOOK = "first-output.ipynb"

@@ -27,7 +27,7 @@ from jupyter_hpcai.envs import EnvStore
 from jupyter_hpcai.envs.recipe import parse_recipe
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.magic_args import hpc_parser, parse, run_parser
-from jupyter_hpcai.slurm import Partition
+from jupyter_hpcai.scheduler.interface import Partition
 from jupyter_hpcai.spawner.options import OptionsError, Profile, merge_limits, validate
 from jupyter_hpcai.spawner.script import render
 
@@ -157,7 +157,7 @@ def test_env_names(name: str) -> None:
     env = attempt(lambda: store.env(name))
     if env is None:
         return
-    assert env.dir.parent == store.root and env.dir.name == name and name not in (".", "..")
+    assert env.path.parent == store.root and env.path.name == name and name not in (".", "..")
     TALLY["accepted"] += 1
 
 
@@ -220,7 +220,7 @@ def site(hub):  # type: ignore[no-untyped-def]
     """The demo hub's own profiles, limits and environments, for telling valid requests from invalid ones."""
     from traitlets.config import PyFileConfigLoader
 
-    from jupyter_hpcai import slurm
+    from jupyter_hpcai.scheduler import slurm
 
     config = PyFileConfigLoader("demo_config.py", str(REPO / "spawner_config")).load_config().HPCSlurmSpawner
     profiles = [Profile(**p) for p in config.profiles]

@@ -22,7 +22,8 @@ import pytest
 from helpers.hub import as_user, progress_events, server_token
 from helpers.record import attack
 from helpers.jupyter import Server
-from jupyter_hpcai import slurm
+from jupyter_hpcai.scheduler import slurm
+from jupyter_hpcai.scheduler.durations import parse_duration
 from jupyter_hpcai.demo import request
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
@@ -31,7 +32,7 @@ from jupyter_hpcai.spawner.jobstate import JobStates, SubmitQueue
 
 @pytest.mark.slurm
 def test_one_scheduler_query_answers_every_spawner(devcluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    jobs = [str(slurm.sbatch(["--hold", "--time=00:05:00", f"--output={tmp_path}/j.out", "--wrap", "true"]))
+    jobs = [str(slurm.submit(["--hold", "--time=00:05:00", f"--output={tmp_path}/j.out", "--wrap", "true"]))
             for _ in range(3)]
     try:
         states = JobStates()
@@ -43,7 +44,7 @@ def test_one_scheduler_query_answers_every_spawner(devcluster, tmp_path: Path, m
         assert [a["JobState"] if a else None for a in answers] == ["PENDING"] * 30, answers
         assert states.per_minute() == 1  # one squeue for all of them
 
-        later = str(slurm.sbatch(["--hold", "--time=00:05:00", f"--output={tmp_path}/j.out", "--wrap", "true"]))
+        later = str(slurm.submit(["--hold", "--time=00:05:00", f"--output={tmp_path}/j.out", "--wrap", "true"]))
         jobs.append(later)
         found = asyncio.run(states.info(later, interval=1))  # submitted since: the next cycle's query has it
         assert found and found["JobState"] == "PENDING" and states.per_minute() == 2
@@ -423,9 +424,9 @@ def test_a_hostile_user_among_forty(devcluster, tmp_path: Path,  # type: ignore[
         assert status in (201, 202), body
         hub.wait_ready(ATTACKER)
         job = str(hub.api("GET", f"/users/{ATTACKER}")[1]["servers"][""]["state"]["job_id"])
-        before = slurm.parse_duration((slurm.job_info(job) or {})["TimeLimit"]) or 0
+        before = parse_duration((slurm.job_info(job) or {})["TimeLimit"]) or 0
         storms["hostile"], _ = _storm(hub, USERS, beside=_hostile(hub, server_token(ATTACKER, job), seen))
-        grown = (slurm.parse_duration((slurm.job_info(job) or {})["TimeLimit"]) or 0) - before
+        grown = (parse_duration((slurm.job_info(job) or {})["TimeLimit"]) or 0) - before
         _stop_all(hub, USERS)
     finally:
         for name in (hub.api("GET", f"/users/{ATTACKER}")[1] or {}).get("servers", {}):

@@ -24,7 +24,10 @@ import pytest
 from helpers.record import attack
 from helpers.sockets import listeners
 from helpers.hub import BOB, USER, Hub, as_user, ensure_user, every_gpu_held, server_token
-from jupyter_hpcai import allocation, slurm
+from jupyter_hpcai.scheduler import allocation
+from jupyter_hpcai.scheduler import slurm
+from jupyter_hpcai.scheduler.interface import TERMINAL_STATES
+from jupyter_hpcai.scheduler.durations import parse_duration
 from jupyter_hpcai.devcluster import SEPARATE, DevCluster
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
@@ -123,7 +126,7 @@ def test_what_a_user_writes_into_slurm_does_not_steer_the_hub(hub: Hub) -> None:
     info = slurm.job_info(job) or {}
     attack("a forged Comment and JobName in the hub's record of the job",
            (info.get("Partition"), info.get("JobState")) == ("debug", "RUNNING")
-           and slurm.parse_duration(info["TimeLimit"]) == 3600, f"partition {info.get('Partition')}, "
+           and parse_duration(info["TimeLimit"]) == 3600, f"partition {info.get('Partition')}, "
            f"time limit {info.get('TimeLimit')}, state {info.get('JobState')}")
     end = allocation.end_time(job)
     attack("a forged EndTime in the follow-up's start timeout", end is not None and end < dt.datetime(2027, 1, 1),
@@ -132,7 +135,7 @@ def test_what_a_user_writes_into_slurm_does_not_steer_the_hub(hub: Hub) -> None:
     attack("extend of a debug job that says Partition=gpu", status == 409 and "partition debug" in said["error"],
            f"HTTP {status}: {said}")
     after = slurm.job_info(job) or {}
-    assert slurm.parse_duration(after["TimeLimit"]) == 3600, after
+    assert parse_duration(after["TimeLimit"]) == 3600, after
     hub.stop_server()
 
 
@@ -246,7 +249,7 @@ def test_extend_refuses_a_job_its_owner_changed_while_it_waited(hub: Hub, tmp_pa
     info = slurm.job_info(job) or {}
     assert info.get("NumNodes") == "2" and slurm.gres_gpus(info.get("TresPerNode", "")) == 4, info  # as she made it
     status, said = hub.api("POST", "/hpcai/extend", {"seconds": 1800}, token=server_token(USER, job))
-    after = slurm.parse_duration((slurm.job_info(job) or {}).get("TimeLimit", ""))
+    after = parse_duration((slurm.job_info(job) or {}).get("TimeLimit", ""))
     attack("extend of a gpu job its owner grew to 4 GPUs a node while it waited", status == 409
            and "GPUs per node 4, submitted 2" in said.get("error", "") and after == 7200,
            f"HTTP {status}: {said}; time limit {after} s")
@@ -288,7 +291,7 @@ def test_a_job_its_owner_stopped_is_kept(hub: Hub) -> None:
            and str(server["state"].get("job_id")) == job, f"the hub's server record: {server and server['state']}")
     as_user(USER, "scancel", "--signal=CONT", job)
     hub.stop_server()  # control: the hub still holds the job, and cancels it
-    wait_until(lambda: (slurm.job_info(job) or {}).get("JobState") in (None, *slurm.TERMINAL_STATES) or None,
+    wait_until(lambda: (slurm.job_info(job) or {}).get("JobState") in (None, *TERMINAL_STATES) or None,
                timeout=60, what="alice's job to end")
 
 

@@ -9,7 +9,8 @@ import subprocess
 import pytest
 
 from jupyter_hpcai.errors import HPCAIError
-from jupyter_hpcai.jobscript import JobScript, export_node_addresses, rank_launch
+from jupyter_hpcai.scheduler.jobscript import JobScript, rank_launch
+from jupyter_hpcai.scheduler.slurm.script import export_node_addresses
 
 
 def test_the_rank_launch_line_is_one_rank_per_gpu_in_block_order() -> None:

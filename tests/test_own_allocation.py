@@ -18,7 +18,8 @@ import psutil
 import pytest
 
 from helpers.kernels import JobKernel, kernel_outside_job
-from jupyter_hpcai import slurm
+from jupyter_hpcai.scheduler import slurm
+from jupyter_hpcai.scheduler.interface import TERMINAL_STATES
 from jupyter_hpcai.demo import check_cells
 from jupyter_hpcai.devcluster import SEPARATE
 from jupyter_hpcai.engines import own_job
@@ -36,7 +37,7 @@ def _state(job: str) -> str:
 
 def _ended(job: str, timeout: float) -> str:
     """The job's state once it has ended (within ``timeout`` s)."""
-    return wait_until(lambda: _state(job) if _state(job) in {*slurm.TERMINAL_STATES, "gone"} else None,
+    return wait_until(lambda: _state(job) if _state(job) in {*TERMINAL_STATES, "gone"} else None,
                       timeout=timeout, what=f"Slurm job {job} to end")
 
 
@@ -60,7 +61,7 @@ def test_a_kernel_with_no_allocation_asks_for_one_and_releases_it(devcluster, tf
     assert devcluster.mode == SEPARATE, "the kernel must be on a host apart from the nodes"
     assert _kernel_job("PENDING,RUNNING") is None, "a kernel job of an earlier test is still there"
     # 3 of each node's 4 GPUs busy: a 2 x 2 request waits for them
-    blocker = slurm.sbatch(["--nodes=2", "--gpus-per-node=3", "--time=10:00", "--output=/dev/null", "--wrap=sleep 600"])
+    blocker = slurm.submit(["--nodes=2", "--gpus-per-node=3", "--time=10:00", "--output=/dev/null", "--wrap=sleep 600"])
     wait_until(lambda: _state(str(blocker)) == "RUNNING", timeout=60, what="the blocking job to run")
     freeing = threading.Thread(target=_free_nodes_once_waited_for, args=(blocker,), daemon=True)
     try:

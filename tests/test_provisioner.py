@@ -13,7 +13,9 @@ import pytest
 from jupyter_client.manager import KernelManager
 from jupyter_core.paths import jupyter_runtime_dir
 
-from jupyter_hpcai import kernelspec, slurm
+from jupyter_hpcai import kernelspec
+from jupyter_hpcai.scheduler import slurm
+from jupyter_hpcai.scheduler.interface import TERMINAL_STATES
 from jupyter_hpcai.envs import Builder, EnvDir, EnvStore, load_recipe, open_env
 from jupyter_hpcai.provisioner import KernelEnvError
 from jupyter_hpcai.proc import wait_until
@@ -85,7 +87,7 @@ def test_kernel_in_a_slurm_job_keeps_its_gpus(devcluster, kernel_env: EnvDir, tm
 import json, os
 from jupyter_client.manager import KernelManager
 from jupyter_core.paths import jupyter_runtime_dir
-from jupyter_hpcai.allocation import Allocation
+from jupyter_hpcai.scheduler.allocation import Allocation
 km = KernelManager(kernel_name={kernelspec.kernel_name(kernel_env)!r})
 km.start_kernel()
 kc = km.client(); kc.start_channels(); kc.wait_for_ready(timeout=60)
@@ -98,9 +100,9 @@ print(json.dumps({{"job": {{"CUDA_VISIBLE_DEVICES": os.environ["CUDA_VISIBLE_DEV
                   "kernel": json.loads("".join(out)), "allocation": Allocation.current().to_json()}}))
 """)
     output = tmp_path / "job.out"
-    job = slurm.sbatch(["-N1", "--gpus-per-node=2", "--time=00:10:00", f"--output={output}",
+    job = slurm.submit(["-N1", "--gpus-per-node=2", "--time=00:10:00", f"--output={output}",
                         "--wrap", f"{sys.executable} {probe}"])
-    state = wait_until(lambda: (slurm.job_info(job) or {}).get("JobState") in slurm.TERMINAL_STATES
+    state = wait_until(lambda: (slurm.job_info(job) or {}).get("JobState") in TERMINAL_STATES
                        and slurm.job_info(job)["JobState"], timeout=180, what=f"job {job} to end")  # type: ignore[index]
     assert state == "COMPLETED", output.read_text()
     report = json.loads(output.read_text().strip().splitlines()[-1])
@@ -132,7 +134,7 @@ def _start_fails(spec: dict, tmp_path: Path) -> str:  # type: ignore[type-arg]
 
 @pytest.fixture
 def scratch_env(small_recipe: Path, env_store: EnvStore, request: pytest.FixtureRequest) -> EnvDir:
-    return Builder(load_recipe(small_recipe), store=env_store, name=f"broken-{request.node.name[-12:]}").run().dir
+    return Builder(load_recipe(small_recipe), store=env_store, name=f"broken-{request.node.name[-12:]}").run().env_dir
 
 
 def test_removed_env(scratch_env: EnvDir, env_store: EnvStore, tmp_path: Path) -> None:

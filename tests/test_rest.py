@@ -90,14 +90,14 @@ def test_a_rank_whose_rest_failed_says_nothing_is_initialised() -> None:
     """A rest or wake shuts the framework down, then initialises it again: when that fails, the rank reports no
     framework (a kernel that attaches later then initialises it in full instead of running on a shut-down one)."""
     from jupyter_hpcai.ranks import calls
-    from jupyter_hpcai.ranks.frameworks import Framework
+    from jupyter_hpcai.ranks.framework import Framework
 
     def init(params: dict) -> tuple[dict, dict]:  # type: ignore[type-arg]
         if params.get("fail"):
             raise RuntimeError("HTTP request failed.")
         return {}, {"rank": 0}
 
-    fake = Framework("fake", (), (), init, max, lambda value: value)
+    fake = Framework("fake", "fake_run", "a fake", (), (), (), init, max, lambda value: value)
     calls.init_framework(fake, {})
     assert calls.rank_info()["framework"] == "fake"
     with pytest.raises(RuntimeError):

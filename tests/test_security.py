@@ -451,7 +451,7 @@ def test_cli_prints_foreign_text_verbatim(tmp_path: Path) -> None:
 
 def test_a_job_slurm_has_forgotten_is_never_a_success(devcluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A remote build whose job Slurm no longer knows (purged, or never there) has an unknown outcome: it raises."""
-    from jupyter_hpcai import slurm
+    from jupyter_hpcai.scheduler import slurm
     from jupyter_hpcai.errors import HPCAIError
 
     log = tmp_path / "job.out"
@@ -465,7 +465,7 @@ def test_a_job_slurm_has_forgotten_is_never_a_success(devcluster, tmp_path: Path
 
 
 def test_secret_variables_never_reach_a_container() -> None:
-    from jupyter_hpcai.envs.container import without_secrets
+    from jupyter_hpcai.contract import without_secrets
 
     environ = {"JUPYTERHUB_API_TOKEN": "t", "JPY_API_TOKEN": "t", "AWS_SECRET_ACCESS_KEY": "s", "db_password": "p",
                "SSH_KEY": "k", "JUPYTERHUB_SERVICE_PREFIX": "/user/a/", "SLURM_JOB_ID": "7", "PATH": "/bin"}

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_hpcai.errors import HPCAIError
-from jupyter_hpcai.slurm import expand_hostlist, gres_gpus, parse_job_line
+from jupyter_hpcai.scheduler.slurm.commands import expand_hostlist, gres_gpus, parse_job_line
 
 
 @pytest.mark.parametrize(
@@ -55,7 +55,7 @@ def test_a_short_job_record_is_refused() -> None:
 
 def test_a_job_missing_from_one_answer_is_asked_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A loaded slurmctld once answered a running job's squeue with no job: one such answer is not the job's end."""
-    from jupyter_hpcai import slurm
+    from jupyter_hpcai.scheduler.slurm import commands as slurm
 
     answers = iter([None, {"JobState": "RUNNING"}, None, {"JobState": "COMPLETED", "ExitCode": "0:0"}])
     monkeypatch.setattr(slurm, "job_info", lambda job_id: next(answers))

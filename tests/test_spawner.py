@@ -21,10 +21,11 @@ import pytest
 from helpers.hub import USER, Hub, as_user, every_gpu_held, progress_events
 from helpers.record import attack
 from helpers.jupyter import Server, execute
-from jupyter_hpcai import slurm
+from jupyter_hpcai.scheduler import slurm
+from jupyter_hpcai.scheduler.interface import TERMINAL_STATES
 from jupyter_hpcai.devcluster import SEPARATE
 from jupyter_hpcai.proc import wait_until
-from jupyter_hpcai.slurm import Partition
+from jupyter_hpcai.scheduler.interface import Partition
 from jupyter_hpcai.spawner.options import OptionsError, Profile, merge_limits, validate
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -162,7 +163,7 @@ def test_rest_spawn_one_node_one_gpu(hub: Hub, bench: list[str]) -> None:
     bench.append(f"spawn: REST spawn-to-ready {spawn_seconds:.1f} s / sbatch-to-RUNNING {queued:.0f} s "
                  f"(Slurm's 1 s resolution) + server start; hub overhead = {spawn_seconds - queued:.1f} s")
     hub.stop_server()
-    assert slurm.job_info(job["JobId"])["JobState"] in slurm.TERMINAL_STATES  # type: ignore[index]
+    assert slurm.job_info(job["JobId"])["JobState"] in TERMINAL_STATES  # type: ignore[index]
 
 
 def _seconds(stamp: str) -> float:
@@ -451,7 +452,7 @@ def test_the_form_says_when_each_profile_would_start(hub: Hub, tmp_path: Path) -
     from helpers.hub import logged_in_page
 
     big, small = "2 nodes x 2 GPUs", "1 node, 1 GPU (debug)"
-    blocker = slurm.sbatch(["-N2", "--gpus-per-node=3", "--partition=gpu", "--time=00:20:00",
+    blocker = slurm.submit(["-N2", "--gpus-per-node=3", "--partition=gpu", "--time=00:20:00",
                             f"--output={tmp_path}/blocker.out", "--wrap", "sleep 1200"])
     reservation = "hpcai-test-backfill"
     try:

@@ -18,7 +18,7 @@ from helpers.hub import BOB, ensure_user
 from jupyter_hpcai import export
 from jupyter_hpcai.demo import REPO, copy_examples
 from jupyter_hpcai.ranks import stacks
-from jupyter_hpcai.envs.container import without_secrets
+from jupyter_hpcai.contract import without_secrets
 from jupyter_hpcai.errors import HPCAIError
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jupyter_hpcai import allocation, guard
+from jupyter_hpcai import guard
+from jupyter_hpcai.scheduler import allocation
 from jupyter_hpcai.ranks import continuity
 from jupyter_hpcai.proc import wait_until
 from jupyter_hpcai.spawner import script
@@ -277,16 +278,16 @@ def test_a_failing_save_is_reported_and_the_others_still_run(job_state: Path) ->
 
 
 def test_asking_the_hub_without_one_says_what_to_do() -> None:
-    from jupyter_hpcai import hubapi
+    from jupyter_hpcai import hub_client
     from jupyter_hpcai.errors import HPCAIError
 
     with pytest.raises(HPCAIError, match="not started by a JupyterHub"):
-        hubapi.extend(600, {})
+        hub_client.extend(600, {})
     with pytest.raises(HPCAIError, match="holds no hub token") as err:
-        hubapi.extend(600, {"JUPYTERHUB_API_URL": "http://127.0.0.1:1/hub/api"})
+        hub_client.extend(600, {"JUPYTERHUB_API_URL": "http://127.0.0.1:1/hub/api"})
     assert "side panel's Extend" in err.value.hint
     with pytest.raises(HPCAIError, match="the hub at http://127.0.0.1:1/hub/api did not answer"):
-        hubapi.follow_up({"JUPYTERHUB_API_URL": "http://127.0.0.1:1/hub/api", "JUPYTERHUB_API_TOKEN": "t"})
+        hub_client.follow_up({"JUPYTERHUB_API_URL": "http://127.0.0.1:1/hub/api", "JUPYTERHUB_API_TOKEN": "t"})
 
 
 def test_a_follow_up_job_waits_for_the_one_it_follows() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers.kernels import JobKernel, kernel_in_job
-from jupyter_hpcai.allocation import Allocation
+from jupyter_hpcai.scheduler.allocation import Allocation
 from jupyter_hpcai.engines import Engines, listing, warm
 from jupyter_hpcai.envs import EnvDir
 from jupyter_hpcai.spawner import script

@@ -77,7 +77,7 @@ def test_the_grown_job_ends_with_the_notebook_job() -> None:
     """Its walltime is what the notebook job has left, less 30 s; a job too close to its end grows nothing."""
     import datetime as dt
 
-    from jupyter_hpcai.allocation import Allocation
+    from jupyter_hpcai.scheduler.allocation import Allocation
 
     def allocation(left: float | None) -> Allocation:
         end = None if left is None else dt.datetime.now() + dt.timedelta(seconds=left)
@@ -191,7 +191,7 @@ def test_a_layout_names_the_nodes_block_placement_fills(n: int | None, nodes: in
                                                          layout: tuple[int, int, int]) -> None:
     """-n 4 in a 3-node job of 2 GPUs each: 2 nodes of 2 ranks, as srun places them, so that each rank's Horovod
     slot (from Layout.counts) names the node it runs on; not 3 nodes that srun would fill 2, 1, 1."""
-    from jupyter_hpcai.allocation import Allocation
+    from jupyter_hpcai.scheduler.allocation import Allocation
     from jupyter_hpcai.engines.launch import plan
 
     job = Allocation(job_id="7", partition="gpu", nodes=["n1", "n2", "n3"], gpus_per_node=2, cpus_per_node=4, tasks=6,

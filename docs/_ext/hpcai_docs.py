@@ -157,8 +157,9 @@ class Magics(_Rst):
 
         if self.arguments[0] == "rank":
             out = []
-            for name in ("horovod_run", "torchrun"):
-                about = esc(inspect.getdoc(getattr(magics.HPCMagics, name)) or "")
+            from jupyter_hpcai.ranks.frameworks import FRAMEWORKS
+
+            for name, about in ((f.magic, esc(magics.rank_magic_help(f))) for f in FRAMEWORKS.values()):
                 out += [_parser_section(f"%%{name}", f"magic-{name}", magic_args.run_parser(f"%%{name}"), about),
                         _parser_section(f"%{name} SCRIPT", f"magic-{name}-script",
                                         magic_args.run_parser(f"%{name}", script=True),

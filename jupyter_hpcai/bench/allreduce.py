@@ -14,12 +14,15 @@ import statistics
 import sys
 import time
 
+from ..scheduler import chosen
 from .horovodrun import TRANSPORTS, launch
+
+environment = chosen().environment
 
 
 def rank(mib: int, repeat: int) -> None:
     """One rank, started by horovodrun.py: join, time the allreduce."""
-    node = os.environ["SLURMD_NODENAME"]
+    node = environment.node_name(os.environ)
     import horovod.tensorflow as hvd
     import tensorflow as tf
 

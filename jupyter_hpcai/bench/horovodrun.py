@@ -28,8 +28,12 @@ _HOSTS_VAR = "HPCAI_HOROVODRUN_HOSTS"  # launcher -> rank: each rank's node, in 
 
 def _step_hosts(srun: list[str], env: dict[str, str]) -> list[str]:
     """Each rank's node, in rank order, for this layout (the rendezvous's slots must name them)."""
-    out = subprocess.run([*srun, "sh", "-c", 'echo "$SLURM_PROCID $SLURMD_NODENAME"'], env=env, capture_output=True,
-                         text=True, timeout=120, check=True).stdout
+    from ..scheduler import chosen
+
+    environment = chosen().environment
+    say = f'echo "${environment.RANK} ${environment.NODE_NAME}"'
+    out = subprocess.run([*srun, "sh", "-c", say], env=env, capture_output=True, text=True, timeout=120,
+                         check=True).stdout
     return [host for _, host in sorted((int(rank), host) for rank, host in (line.split() for line in out.splitlines()))]
 
 
@@ -39,16 +43,17 @@ def prepared(nodes: int, ranks: int, transport: str, module: str, args: list[str
     """The srun command and its environment (this process's, OMP_NUM_THREADS=1, then ``env``) that run ``module``
     with ``args`` on ``ranks`` ranks over ``nodes`` nodes, at most ``per_node`` on each if given; for Gloo,
     Horovod's rendezvous is served from here, to the ranks' nodes only, while the block runs."""
-    from .. import network, slurm
+    from .. import network
+    from ..scheduler import chosen
 
+    scheduler = chosen()
     if transport not in TRANSPORTS:
         raise ValueError(f"transport {transport!r}: use one of {', '.join(TRANSPORTS)}")
-    addresses = slurm.node_addresses([n.name for n in slurm.nodes()])  # once, for every rank (network.py)
+    addresses = scheduler.node_addresses([n.name for n in scheduler.nodes()])  # once, for every rank (network.py)
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {}),
            network.NODE_ADDRS: network.encode_addresses(addresses)}
-    srun = ["srun", "--mpi=pmix", "--overlap", f"--nodes={nodes}", f"--ntasks={ranks}", "--distribution=block",
-            *([f"--ntasks-per-node={per_node}"] if per_node else []),
-            *([] if "SLURM_JOB_ID" in os.environ else ["--time=00:10:00"])]  # a job of its own: not the partition's
+    in_job = scheduler.environment.job_id(os.environ)  # else a job of its own: not the partition's limit
+    srun = scheduler.step(nodes=nodes, tasks=ranks, per_node=per_node, mpi=True, time=None if in_job else "00:10:00")
     if transport == "mpi":
         env.update(HOROVOD_CONTROLLER="mpi", HOROVOD_CPU_OPERATIONS="mpi")
         yield [*srun, sys.executable, "-m", __spec__.name, _RANK_FLAG, module, *args], env
@@ -88,10 +93,12 @@ def _as_rank(module: str, args: list[str]) -> None:
     workers), then run ``module``."""
     from .. import network
     from ..ranks.frameworks import horovod_slots
+    from ..scheduler import chosen
 
+    environment = chosen().environment
     network.join_node_network(os.environ)
     if os.environ.get("HOROVOD_CONTROLLER") == "gloo":
-        slot = horovod_slots(os.environ[_HOSTS_VAR].split(","))[int(os.environ["SLURM_PROCID"])]
+        slot = horovod_slots(os.environ[_HOSTS_VAR].split(","))[int(os.environ[environment.RANK])]
         os.environ.update({f"HOROVOD_{key.upper()}": str(value) for key, value in slot.items()})
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)

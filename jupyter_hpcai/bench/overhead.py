@@ -20,10 +20,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..allocation import Allocation
 from ..engines import Engines, Layout, current, plan
 from ..engines.running_set import controller_ip
 from ..proc import run
+from ..scheduler import chosen
+from ..scheduler.allocation import Allocation
+
+scheduler = chosen()
 
 
 def _median(action: Callable[[], object], times: int) -> float:
@@ -74,9 +77,8 @@ def _hvd_init() -> int:
 def bare_srun(layout: Layout) -> float:
     """Seconds for a bare srun step whose ranks import Horovod and initialise it: the floor."""
     start = time.perf_counter()
-    run(["srun", "--mpi=pmix", "--overlap", f"-n{layout.n}", f"--nodes={layout.nodes}",
-         f"--ntasks-per-node={layout.per_node}", sys.executable, "-c", "import horovod.tensorflow as hvd; hvd.init()"],
-        timeout=600)
+    step = scheduler.step(nodes=layout.nodes, tasks=layout.n, per_node=layout.per_node, mpi=True)
+    run([*step, sys.executable, "-c", "import horovod.tensorflow as hvd; hvd.init()"], timeout=600)
     return time.perf_counter() - start
 
 
@@ -87,8 +89,7 @@ def ipyparallel_mpi(allocation: Allocation, layout: Layout) -> float:
     from traitlets.config import Config
 
     config = Config()
-    config.MPIEngineSetLauncher.mpi_cmd = ["srun", "--mpi=pmix", "--overlap"]
-    config.MPIEngineSetLauncher.mpi_args = [f"--nodes={layout.nodes}", f"--ntasks-per-node={layout.per_node}"]
+    config.MPIEngineSetLauncher.mpi_cmd = scheduler.step(nodes=layout.nodes, per_node=layout.per_node, mpi=True)
     start = time.perf_counter()
     cluster = ipp.Cluster(n=layout.n, engines="mpi", controller_ip=controller_ip(allocation), config=config,
                           log_level=40, cluster_id=f"hpcai-bench-ipp-{time.monotonic_ns()}")

@@ -16,13 +16,16 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from ..allocation import Allocation
 from ..engines import Engines, Layout, plan
 from ..errors import HPCAIError
 from ..proc import run
 from ..ranks.frameworks import horovod_controller
+from ..scheduler import chosen
+from ..scheduler.allocation import Allocation
 from . import horovodrun
 from .stamp import stamp
+
+scheduler = chosen()
 
 
 def rank_counts(allocation: Allocation, wanted: list[int] | None) -> list[int]:
@@ -63,9 +66,8 @@ def _plain(framework: str, module: str, layout: Layout,
     if framework == "horovod":
         return horovodrun.prepared(layout.nodes, layout.n, horovod_controller(), module, args, env=threads,
                                    per_node=layout.per_node)
-    return nullcontext((["srun", "--mpi=none", "--overlap", f"-n{layout.n}", f"--nodes={layout.nodes}",
-                         f"--ntasks-per-node={layout.per_node}", sys.executable, "-m", module, *args],
-                        {**os.environ, **threads}))
+    step = scheduler.step(nodes=layout.nodes, tasks=layout.n, per_node=layout.per_node)
+    return nullcontext(([*step, sys.executable, "-m", module, *args], {**os.environ, **threads}))
 
 
 def measure(allocation: Allocation, counts: list[int], train_args: list[str], framework: str = "horovod",

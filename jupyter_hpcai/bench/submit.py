@@ -7,8 +7,8 @@ import shlex
 from collections.abc import Callable
 from pathlib import Path
 
-from ..jobscript import JobScript, ranks_per_node
 from ..envs import Env
+from ..scheduler.jobscript import JobScript, ranks_per_node
 from .resnet50 import report
 
 
@@ -46,7 +46,7 @@ def submit_overhead(env: Env, results: Path, *, partition: str | None, nodes: in
     from .overhead import report as overhead_report
 
     code = _run_job(env, results, "jupyter_hpcai.bench.overhead",
-                    [str(results), env.name, str(env.dir.root.path), str(times)],
+                    [str(results), env.name, str(env.env_dir.root.path), str(times)],
                     name="overhead", partition=partition, nodes=nodes, gpus_per_node=gpus_per_node,
                     tasks_per_node=ranks_per_node(gpus_per_node), time_limit=time_limit, on_line=on_line)
     if code == 0:

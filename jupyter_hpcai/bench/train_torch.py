@@ -20,12 +20,15 @@ def init_plain() -> None:
     import torch.distributed as dist
 
     if "TORCHELASTIC_RUN_ID" not in os.environ:
-        from ..slurm import expand_hostlist, node_address
+        from ..scheduler import chosen
 
-        os.environ.setdefault("RANK", os.environ["SLURM_PROCID"])
-        os.environ.setdefault("WORLD_SIZE", os.environ["SLURM_NTASKS"])
-        os.environ.setdefault("MASTER_ADDR", node_address(expand_hostlist(os.environ["SLURM_STEP_NODELIST"])[0]))
-        os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ["SLURM_JOB_ID"]) % 20000))
+        scheduler = chosen()
+        environment = scheduler.environment
+        first = scheduler.expand_hostlist(os.environ[environment.STEP_NODES])[0]
+        os.environ.setdefault("RANK", os.environ[environment.RANK])
+        os.environ.setdefault("WORLD_SIZE", os.environ[environment.TASKS])
+        os.environ.setdefault("MASTER_ADDR", scheduler.node_address(first))
+        os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ[environment.JOB_ID]) % 20000))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
 
 

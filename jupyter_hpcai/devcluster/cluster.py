@@ -22,12 +22,16 @@ from importlib.resources import files
 from pathlib import Path
 from string import Template
 
-from .. import paths, slurm
+from .. import paths
 from ..errors import HPCAIError
-from ..proc import run, start_daemon, wait_until
 from ..network import LOOPBACK
+from ..proc import run, start_daemon, wait_until
+from ..scheduler import chosen
+from ..scheduler.interface import Node
 from .cpu import NodeCPU
-from .network import Network
+from .namespaces import Network
+
+scheduler = chosen()
 
 INSTALL_HINT = "apt-get install -y slurm-wlm munge openmpi-bin libopenmpi-dev"
 _PROGRAMS = ("munged", "slurmctld", "slurmd", "sinfo", "squeue", "sbatch", "srun", "scancel", "scontrol")
@@ -56,7 +60,7 @@ class ClusterStatus:
     state_dir: Path
     conf: Path
     daemons: dict[str, int | None]  # name -> pid, None when not running
-    nodes: list[slurm.Node]
+    nodes: list[Node]
     mode: str
     note: str
     login_address: str
@@ -243,14 +247,14 @@ class DevCluster:
     def status(self) -> ClusterStatus:
         """Daemons with their PIDs, and the nodes as Slurm reports them (when slurmctld runs)."""
         daemons = {d.name: d.pid() for d in self.daemons()}
-        nodes = slurm.nodes(self.environ()) if daemons["slurmctld"] and daemons["munged"] else []
+        nodes = scheduler.nodes(self.environ()) if daemons["slurmctld"] and daemons["munged"] else []
         return ClusterStatus(self.state_dir, self.conf, daemons, nodes, self.mode, self.note, self.login_address,
                              {n: self.node_address(n) for n in self.node_names})
 
     # -- internals ------------------------------------------------------------------------
     def _all_nodes_usable(self) -> bool:
         try:
-            found = slurm.nodes(self.environ())
+            found = scheduler.nodes(self.environ())
         except HPCAIError:  # slurmctld not answering yet
             return False
         return len(found) == self.nodes and all(n.usable for n in found)

@@ -22,19 +22,21 @@ from typing import Any, Literal
 
 import ipyparallel as ipp
 
-from .. import slurm
-from ..allocation import Allocation
 from ..errors import HPCAIError
 from ..proc import wait_until
 from ..ranks import stacks as rank_stacks
 from ..ranks import telemetry
 from ..ranks.frameworks import FRAMEWORKS, default_framework
+from ..scheduler import chosen
+from ..scheduler.allocation import Allocation
 from . import listing, membership, own_job
 from .cells import CONTINUITY, Cell, Outcomes
 from .launch import Layout, plan
 from .output import Write
 from .rest import DEFAULT_AFTER, Rest, rest_after
 from .running_set import Progress, Rank, RunningSet, command
+
+scheduler = chosen()
 
 State = Literal["stopped", "pending", "starting", "running", "restarting", "stopping"]
 
@@ -230,7 +232,7 @@ class Engines:
         """This kernel's own job still runs (a time limit may have ended it)."""
         job = self.own_job
         assert job is not None
-        info = slurm.job_info(job.job_id)
+        info = scheduler.job_info(job.job_id)
         if not info or info["JobState"] != "RUNNING":
             self.stop(notify=False)  # out of it: the kernel may ask for a new one
             state = info["JobState"] if info else "gone"

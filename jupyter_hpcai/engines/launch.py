@@ -26,12 +26,14 @@ from ipyparallel.cluster.launcher import MPIEngineSetLauncher
 from traitlets import List, Unicode
 
 from .. import mpi, network
-from ..allocation import Allocation
 from ..container_launch import ContainerLaunch
 from ..contract import RANK_LOG
 from ..errors import HPCAIError
-from ..jobscript import SRUN_RANKS
 from ..ranks.frameworks import CONTROLLER_VAR, LAUNCH_VARS, horovod_controller
+from ..scheduler import chosen
+from ..scheduler.allocation import Allocation
+
+scheduler = chosen()
 
 BOOT_MODULE = "jupyter_hpcai.ranks.boot"
 LOCAL_MODULE = "jupyter_hpcai.ranks.local"
@@ -74,23 +76,15 @@ class Launcher:
     def command(cls, layout: Layout, addresses: Mapping[str, str] | None = None,
                 environ: Mapping[str, str] | None = None, rank_logs: Path | None = None) -> list[str]:
         """The whole command that starts every rank (ipyparallel appends the engine's own arguments); with
-        ``rank_logs``, a launcher that can writes each rank's output there (``rank_output``)."""
+        ``rank_logs``, a launcher that can writes each rank's output there too (the scheduler's step)."""
         program = cls.program(environ)  # first: a container env's refusal says the most
-        logs = cls.rank_output(rank_logs) if rank_logs else []
-        return [*cls.mpi_cmd, "-n", str(layout.n), *cls.args(layout, addresses or {}), *logs, *program]
-
-    @classmethod
-    def rank_output(cls, folder: Path) -> list[str]:
-        """Arguments that write each rank's output into ``folder`` on its node; [] where the launcher's own
-        output keeps every line."""
-        return []
+        return [*cls.mpi_cmd, "-n", str(layout.n), *cls.args(layout, addresses or {}), *program]
 
     @classmethod
     def on_nodes(cls, hosts: list[str]) -> list[str]:
         """What runs one process on each of ``hosts`` (the ranks' nodes), before its command: inside a job, a
         srun step beside the ranks'."""
-        return ["srun", "--overlap", f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}", "--ntasks-per-node=1",
-                f"--nodelist={','.join(hosts)}"]
+        return scheduler.step(nodes=len(hosts), tasks=len(hosts), per_node=1, nodelist=hosts)
 
     @classmethod
     def program(cls, environ: Mapping[str, str] | None = None) -> list[str]:
@@ -108,26 +102,24 @@ class Launcher:
 
 
 class Srun(Launcher):
-    """One ``srun --mpi=pmix`` step inside the current allocation."""
+    """One step of the scheduler's inside the current allocation, its tasks MPI ranks (Slurm: ``srun --mpi=pmix``)."""
 
     name, in_job, containers = "srun", True, True
-    mpi_cmd = SRUN_RANKS
     unavailable_hint = "start the notebook through the hub's Slurm spawner, or use --launcher local"
 
     @classmethod
-    def args(cls, layout: Layout, addresses: Mapping[str, str]) -> list[str]:
-        # --label: which rank wrote each line (report.py); --overlap: the kernel's own step keeps its CPUs.
-        # A rank's death (or its node's) leaves the others running (--kill-on-bad-exit=0, --no-kill): the kernel
-        # stops the world, or goes on with the survivors (an --elastic cell); RunningSet.launch fails a start
-        # on the first task srun says exited.
-        return [f"--nodes={layout.nodes}", f"--ntasks-per-node={layout.per_node}", "--distribution=block",
-                "--kill-on-bad-exit=0", "--no-kill", "--overlap", "--label"]
-
-    @classmethod
-    def rank_output(cls, folder: Path) -> list[str]:
-        # When a step ends on a rank's failure, srun can drop the last lines it was forwarding from the rank
-        # that failed (here, 1 start in 20 lost them all); slurmstepd writing a file on the node keeps them.
-        return [f"--output={folder}/{RANK_LOG.format(rank='%t')}"]
+    def command(cls, layout: Layout, addresses: Mapping[str, str] | None = None,
+                environ: Mapping[str, str] | None = None, rank_logs: Path | None = None) -> list[str]:
+        # label: which rank wrote each line (report.py); beside the kernel's own step, which keeps its CPUs.
+        # A rank's death (or its node's) leaves the others running (survive): the kernel stops the world, or goes
+        # on with the survivors (an --elastic cell); RunningSet.launch fails a start on the first task the step
+        # says ended. Each rank's output also goes to a file on its node (rank_logs): when a step ends on a rank's
+        # failure, srun can drop the last lines it was forwarding from that rank (here, 1 start in 20 lost them
+        # all); slurmstepd writing the file keeps them.
+        program = cls.program(environ)  # first: a container env's refusal says the most
+        output = f"{rank_logs}/{RANK_LOG}" if rank_logs else None
+        return [*scheduler.step(nodes=layout.nodes, tasks=layout.n, per_node=layout.per_node, mpi=True, survive=True,
+                                label=True, output=output), *program]
 
 
 class _OpenMPI(Launcher):

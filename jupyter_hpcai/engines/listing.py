@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..allocation import JOB_STATE_VAR
 from ..contract import RANK_TABLE, SET_FOLDERS, RankTable
 from ..errors import HPCAIError
 from ..ranks import telemetry
+from ..scheduler.allocation import JOB_STATE_VAR
 
 PROCESSES = "engines"  # in the job's private folder: one file per set, the pids the batch shell stops at its exit
 SET_ID = re.compile(r"hpcai-[\w.-]+")  # Engines' cluster ids: never a path
@@ -218,8 +218,8 @@ def forget_processes(cluster_id: str) -> None:
 def stacks(cluster_id: str, native: bool = False) -> list[dict[str, Any]]:
     """A running set's grouped stacks (stacks.py), for the side panel's button: each group's ranks, headline
     and frames as text."""
-    from .launch import LAUNCHERS
     from ..ranks.stacks import collect, container_refusal
+    from .launch import LAUNCHERS
 
     table = next((s.table for s in engine_sets() if s.cluster_id == cluster_id), None)
     if not table:

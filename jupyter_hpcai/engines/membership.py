@@ -19,25 +19,30 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import network, slurm
-from ..allocation import Allocation
-from ..contract import RANK_LOG
+from .. import network
+from ..contract import RANK_LOG, without_secrets
 from ..errors import HPCAIError
-from ..jobscript import JobScript, Submitted, export_node_addresses, rank_launch, ranks_per_node
 from ..proc import run
 from ..ranks.frameworks import FRAMEWORKS
 from ..ranks.identity import WORLD
 from ..ranks.world import OFFSET
+from ..scheduler import chosen
+from ..scheduler.allocation import Allocation
+from ..scheduler.durations import format_duration
+from ..scheduler.jobscript import JobScript, Submitted, rank_launch, ranks_per_node
 from .launch import LAUNCHERS
 from .own_job import log_folder
 from .running_set import Grown, Rank, RunningSet
 
+scheduler = chosen()
+environment = chosen().environment
+
 JOB_NAME = "hpcai-grow"
 MIN_SECONDS = 120  # a grown job shorter than this would end before its ranks did any work
 # what the kernel's environment must not pass to a grown job: Slurm's view of the notebook job (the new job has
-# its own; SLURM_CONF, the site's, stays), the re-formed world's places, and every secret (container.py's patterns)
-NOT_PASSED = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", *WORLD.values(), OFFSET)
-PASSED = ("SLURM_CONF",)
+# its own; the site's config stays), the re-formed world's places, and every secret (container.py's patterns)
+NOT_PASSED = (*environment.PREFIXES, *WORLD.values(), OFFSET)
+PASSED = (environment.CONFIG,)
 
 
 @dataclass(frozen=True)
@@ -61,18 +66,18 @@ class Growth:
         ranks = rank_launch(self.nodes, self.gpus_per_node, [*LAUNCHERS["srun"].program(), *engine], survive=True,
                             output=f"{world.folder}/{RANK_LOG.format(rank='%j-%t')}")
         body = "\n".join([*(f"export {k}={shlex.quote(v)}" for k, v in exports.items()),
-                          *export_node_addresses(network.NODE_ADDRS), ranks, ""])
+                          *scheduler.export_node_addresses(network.NODE_ADDRS), ranks, ""])
         return JobScript(name=JOB_NAME, nodes=self.nodes, tasks_per_node=ranks_per_node(self.gpus_per_node),
-                         gpus_per_node=self.gpus_per_node, time=slurm.format_duration(self.seconds),
+                         gpus_per_node=self.gpus_per_node, time=format_duration(self.seconds),
                          partition=self.partition or None, account=self.account, output=log,
                          extra=("--no-kill", *([f"--exclude={','.join(self.exclude)}"] if self.exclude else [])),
                          body=body)
 
     def estimate(self, script: JobScript) -> str:
         """When Slurm would start it: "starts now", "expected HH:MM", or why it would not."""
-        done = run(["sbatch", "--test-only", *script.options(), "--wrap", "true"], timeout=30, check=False)
+        done = run(scheduler.test_only(script.options()), timeout=30, check=False)
         said = (done.stdout + done.stderr).strip()
-        when = slurm.expected_start(said)
+        when = scheduler.expected_start(said)
         if when is None:
             return f"Slurm would not say when: {said.splitlines()[-1] if said else 'no answer'}"
         return "starts now" if when <= time.time() + 60 else f"expected {time.strftime('%H:%M', time.localtime(when))}"
@@ -92,7 +97,7 @@ def growth_for(allocation: Allocation | None, world: RunningSet, nodes: int) -> 
         raise HPCAIError(f"the notebook job ends in {seconds} s: a grown job would end with it",
                          "extend the notebook job first (%hpc extend), or continue in a follow-up job")
     return Growth(nodes, allocation.gpus_per_node, seconds - 30, allocation.partition,
-                  os.environ.get("SLURM_JOB_ACCOUNT") or None, tuple(sorted({r.host for r in world.ranks})))
+                  os.environ.get(environment.ACCOUNT) or None, tuple(sorted({r.host for r in world.ranks})))
 
 
 def changeable(world: RunningSet) -> None:
@@ -104,7 +109,6 @@ def changeable(world: RunningSet) -> None:
 
 def submit(script: JobScript) -> Submitted:
     """sbatch the grown job with the kernel's environment (the env's activation), less what must not pass."""
-    from ..envs.container import without_secrets  # here: a container env's kernel has not the envs' packages
     environ = {k: v for k, v in without_secrets(dict(os.environ)).items() if k in PASSED or not k.startswith(NOT_PASSED)}
     return script.submit(env=environ, on_command_line=True)
 
@@ -113,7 +117,7 @@ def cancel(job: str) -> None:
     """End a grown job (its ranks with it); only one of this user's with our name."""
     import getpass
 
-    run(["scancel", f"--user={getpass.getuser()}", f"--name={JOB_NAME}", job], check=False, timeout=30)
+    run(scheduler.cancel_argv(job, user=getpass.getuser(), name=JOB_NAME), check=False, timeout=30)
 
 
 def removable(world: RunningSet, *, nodes: int | None, ranks: list[int] | None, node: str | None,
@@ -154,7 +158,7 @@ def grow(world: RunningSet, allocation: Allocation | None, nodes: int, write: Ca
     offset = len(world.ranks) + sum(g.ranks for job, g in world.grown.items() if not world.ranks_of(job))
     script = growth.job_script(world, offset, str(log_folder() / "grow-%j.log"))
     write(f"asking Slurm for {nodes} more node(s) x {growth.gpus_per_node} GPU(s) for "
-          f"{slurm.format_duration(growth.seconds)}: {growth.estimate(script)}\n")
+          f"{format_duration(growth.seconds)}: {growth.estimate(script)}\n")
     job = str(submit(script).job_id)
     world.grown[job] = Grown(nodes, ranks)
     world.write_rank_table()
@@ -187,7 +191,7 @@ def shrink(world: RunningSet, allocation: Allocation | None, *, nodes: int | Non
            node: str | None) -> tuple[str, Allocation | None]:
     """Stop the ranks ``removable`` picks (a grown job still waiting goes first for ``nodes``) and give the nodes
     they leave empty back to Slurm; what was done, and the notebook job's allocation after."""
-    keep = os.environ.get("SLURMD_NODENAME")
+    keep = os.environ.get(environment.NODE_NAME)
     done: list[str] = []
     for job in [job for job in world.grown if not world.ranks_of(job)][::-1]:  # what never started goes first
         if not nodes:
@@ -218,7 +222,8 @@ def _give_back(world: RunningSet, allocation: Allocation | None, job: str,
     if not emptied:
         return [], allocation
     notebook_job = allocation is not None and job == allocation.job_id
-    held = allocation.nodes if notebook_job else slurm.expand_hostlist((slurm.job_info(job) or {}).get("NodeList", ""))
+    held = allocation.nodes if notebook_job else \
+        scheduler.expand_hostlist((scheduler.job_info(job) or {}).get("NodeList", ""))
     gone = emptied & set(held)
     if not gone:
         return [], allocation
@@ -230,8 +235,7 @@ def _give_back(world: RunningSet, allocation: Allocation | None, job: str,
 def release_nodes(job: str, left: list[str]) -> list[str]:
     """Narrow a running job to the nodes ``left`` (``scontrol update NodeList``, as the job's owner)."""
     with tempfile.TemporaryDirectory(prefix="hpcai-resize-") as scratch:  # where Slurm writes its resize scripts,
-        done = run(["scontrol", "update", f"JobId={job}", f"NodeList={','.join(left)}"],  # not the notebook's
-                   check=False, timeout=30, cwd=scratch)  # folder
+        done = run(scheduler.narrow_argv(job, left), check=False, timeout=30, cwd=scratch)  # not the notebook's folder
     if done.returncode != 0:
         raise HPCAIError(f"Slurm did not narrow job {job} to {','.join(left)}: {done.stderr.strip()}",
                          "the ranks there were stopped; the nodes stay in the job until it ends")
@@ -241,10 +245,6 @@ def release_nodes(job: str, left: list[str]) -> list[str]:
 def narrowed(allocation: Allocation, left: list[str]) -> Allocation:
     """The notebook job's allocation after a release, also in this kernel's SLURM_* variables, so that the next
     start plans on the nodes still held (other kernels of the job keep what they read at their start)."""
-    hostlist = ",".join(left)
-    for var in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
-        os.environ[var] = hostlist
-    for var in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
-        os.environ[var] = str(len(left))
-    os.environ["SLURM_NTASKS"] = str(len(left) * max(1, allocation.tasks // max(1, len(allocation.nodes))))
+    environment.narrow(os.environ, ",".join(left), len(left),
+                       len(left) * max(1, allocation.tasks // max(1, len(allocation.nodes))))
     return Allocation.current() or allocation

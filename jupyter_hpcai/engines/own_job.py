@@ -23,12 +23,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import paths, slurm
-from ..allocation import Allocation
+from .. import paths
 from ..errors import HPCAIError
-from ..jobscript import JobScript, ranks_per_node
 from ..joblog import DEFAULT_DIR as LOG_DIR
 from ..proc import run
+from ..scheduler import chosen
+from ..scheduler.allocation import Allocation
+from ..scheduler.durations import format_duration
+from ..scheduler.interface import TERMINAL_STATES
+from ..scheduler.jobscript import JobScript, ranks_per_node
+
+scheduler = chosen()
+environment = chosen().environment
 
 GRACE_VAR = "HPCAI_OWN_JOB_GRACE"  # seconds without a keepalive before the job ends itself (read by the kernel)
 DEFAULT_GRACE = 120
@@ -73,14 +79,14 @@ class Request:
 
     def describe(self) -> str:
         where = f" in {self.partition}" if self.partition else ""
-        return f"{self.nodes} node(s) x {self.gpus_per_node} GPU(s){where} for {slurm.format_duration(self.time_limit)}"
+        return f"{self.nodes} node(s) x {self.gpus_per_node} GPU(s){where} for {format_duration(self.time_limit)}"
 
     def job(self, keepalive: Path, grace: int, log: Path) -> JobScript:
         """The batch job: the request, then a shell that waits while ``keepalive`` keeps changing. Only PATH
         reaches its shell from the kernel's environment (never the kernel's secrets)."""
         step = max(1, min(5, grace // 4))
         return JobScript(name=JOB_NAME, nodes=self.nodes, tasks_per_node=ranks_per_node(self.gpus_per_node),
-                         gpus_per_node=self.gpus_per_node, time=slurm.format_duration(self.time_limit),
+                         gpus_per_node=self.gpus_per_node, time=format_duration(self.time_limit),
                          partition=self.partition, account=self.account, output=str(log), extra=("--export=PATH",),
                          body=HOLD.format(name=keepalive.name, path=shlex.quote(str(keepalive)), grace=grace,
                                           step=step))
@@ -133,7 +139,7 @@ class OwnJob:
                              "check the home's space and permissions (~/.hpcai)") from None
         self.keepalive = folder / f"{secrets.token_hex(8)}.alive"
         self.pid = os.getpid()  # a forked child's exit must not release its parent's job
-        self.entered: dict[str, str] = {}  # the SLURM_* variables set in this kernel while it is in the job
+        self.entered: dict[str, str] = {}  # the scheduler's variables set in this kernel while it is in the job
         self._stopped = threading.Event()
         self._file_lock = threading.Lock()  # the keepalive thread never writes the file back after release removed it
 
@@ -161,10 +167,10 @@ class OwnJob:
         seen: tuple[str, ...] = ()
         interval = 0.25
         while True:
-            info = slurm.job_info(self.job_id)
+            info = scheduler.job_info(self.job_id)
             if self._stopped.is_set():
                 raise HPCAIError(f"Slurm job {self.job_id} was released before it ran", "start again when you want it")
-            if info is None or info["JobState"] in slurm.TERMINAL_STATES:
+            if info is None or info["JobState"] in TERMINAL_STATES:
                 state = info["JobState"] if info else "gone"
                 reason = f", {info['Reason']}" if info and info["Reason"] else ""
                 self.release()
@@ -182,18 +188,13 @@ class OwnJob:
     def enter(self, info: dict[str, str]) -> None:
         """Set in this kernel's environment what salloc sets in its shell for this job, as Slurm granted it (a
         job_submit plugin may have changed the request); refused once the job was released (a Stop meanwhile)."""
-        nodes = slurm.expand_hostlist(info["NodeList"])
-        per_node = str(slurm.gres_gpus(info["TresPerNode"]) or self.request.gpus_per_node)
+        nodes = scheduler.expand_hostlist(info["NodeList"])
+        per_node = scheduler.gres_gpus(info["TresPerNode"]) or self.request.gpus_per_node
         with self._file_lock:
             if self._stopped.is_set():
                 raise HPCAIError(f"Slurm job {self.job_id} was released as it started", "start again when you want it")
-            self.entered = {
-                "SLURM_JOB_ID": self.job_id, "SLURM_JOBID": self.job_id, "SLURM_JOB_NODELIST": info["NodeList"],
-                "SLURM_NODELIST": info["NodeList"], "SLURM_JOB_NUM_NODES": str(len(nodes)),
-                "SLURM_NNODES": str(len(nodes)), "SLURM_JOB_PARTITION": info["Partition"],
-                "SLURM_NTASKS": str(len(nodes) * int(per_node)), "SLURM_NTASKS_PER_NODE": per_node,
-                "SLURM_GPUS_PER_NODE": per_node, **({"SLURM_JOB_ACCOUNT": info["Account"]} if info["Account"] else {})}
-            os.environ.update(self.entered)
+            self.entered = environment.enter(os.environ, self.job_id, info["NodeList"], info["Partition"], per_node,
+                                             len(nodes), info["Account"])
 
     def log_path(self) -> Path:
         return Path(str(self.log).replace("%j", self.job_id))
@@ -207,13 +208,11 @@ class OwnJob:
         with self._file_lock:
             self._stopped.set()
             self.keepalive.unlink(missing_ok=True)
-            for var, value in self.entered.items():
-                if os.environ.get(var) == value:
-                    del os.environ[var]
+            environment.leave(os.environ, self.entered)
             self.entered = {}
         if self.job_id:
             try:
-                run(["scancel", f"--user={getpass.getuser()}", f"--name={JOB_NAME}", self.job_id], check=False,
+                run(scheduler.cancel_argv(self.job_id, user=getpass.getuser(), name=JOB_NAME), check=False,
                     timeout=30)
             except HPCAIError:
                 pass  # Slurm did not answer: the job still ends itself once its keepalive stands still

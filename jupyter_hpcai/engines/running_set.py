@@ -24,28 +24,32 @@ from typing import Any
 import ipyparallel as ipp
 from traitlets.config import Config
 
-from .. import network, slurm
-from ..allocation import Allocation
+from .. import network
 from ..container_launch import ContainerLaunch
 from ..contract import RANK_LOG, TELEMETRY, RankTable
 from ..errors import HPCAIError
 from ..proc import wait_until
 from ..ranks import calls, telemetry
-from ..ranks import world as rank_world
 from ..ranks import stacks as rank_stacks
+from ..ranks import world as rank_world
 from ..ranks.frameworks import DISTRIBUTIONS, FRAMEWORKS, LAUNCH_VARS
+from ..scheduler import chosen
+from ..scheduler.allocation import Allocation
 from . import listing
 from .controller import command as tied_controller
 from .launch import LAUNCHERS, Layout, RankSetLauncher
 from .report import launcher_said
+
+scheduler = chosen()
+environment = chosen().environment
 
 Progress = Callable[[int, int], None]  # (engines registered, engines wanted)
 # Heartbeats every 250 ms (a new engine registers at the first beat it answers); 20 misses (5 s) before an
 # engine counts as dead, as before.
 CONTROLLER_ARGS = ["--HeartMonitor.period=250", "--HeartMonitor.max_heartmonitor_misses=20"]
 _start_ids = itertools.count()
-# a rank's task ended, as srun says it ("srun: error: n2: task 3: Exited with exit code 1") and the local launcher
-TASK_ENDED = re.compile(r"^(?:srun: error: \S+: tasks? [\d,-]+|hpcai-local: error: rank \d+): ", re.M)
+# a rank's task ended, as the scheduler's step says it and the local launcher
+TASK_ENDED = re.compile(rf"^(?:{scheduler.TASK_ENDED}|hpcai-local: error: rank \d+): ", re.M)
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,7 @@ def controller_ip(allocation: Allocation | None) -> str:
         return os.environ["HPCAI_CONTROLLER_IP"]
     if allocation is None or not allocation.nodes:
         return network.LOOPBACK
-    first = slurm.node_address(allocation.nodes[0])
+    first = scheduler.node_address(allocation.nodes[0])
     try:
         return network.source_address(first)
     except OSError as err:
@@ -113,7 +117,7 @@ def controller_ip(allocation: Allocation | None) -> str:
 
 def node_addresses(allocation: Allocation | None) -> dict[str, str]:
     """Every node's Slurm address, for the ranks to find their interface (network.py); none outside a job."""
-    return slurm.node_addresses(allocation.nodes) if allocation and allocation.nodes else {}
+    return scheduler.node_addresses(allocation.nodes) if allocation and allocation.nodes else {}
 
 
 def command(layout: Layout, allocation: Allocation | None, folder: Path | None = None) -> list[str]:
@@ -213,7 +217,7 @@ class RunningSet:
 
     def _cannot_listen(self, err: BaseException, said: str = "") -> HPCAIError:
         """The error for a controller (or a rendezvous beside it) that could not listen where it was told."""
-        where = os.environ.get("SLURMD_NODENAME") or "this host"
+        where = os.environ.get(environment.NODE_NAME) or "this host"
         return HPCAIError(f"the ipyparallel controller could not start on {where} (listening on {self.listens}): "
                           f"{err}" + (f"\nit said:\n{said}" if said else ""),
                           "check HPCAI_CONTROLLER_IP (an address of this node, or unset), then %hpc start again")

@@ -25,10 +25,10 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..allocation import JOB_STATE_VAR, Allocation
 from ..contract import START_ENGINES
 from ..errors import HPCAIError
 from ..proc import wait_until
+from ..scheduler.allocation import JOB_STATE_VAR, Allocation
 from .engines import Engines
 from .listing import claim, process_alive
 

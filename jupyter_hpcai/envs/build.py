@@ -27,12 +27,15 @@ from typing import Any, Literal
 from .. import paths
 from ..errors import HPCAIError
 from ..proc import run
+from ..scheduler import chosen
 from . import activate, conda, pip
 from .manifest import ContainerManifest, Lock, Package, PrefixManifest, StepRecord, read_json_model, write_atomic
 from .preflight import preflight
 from .recipe import Recipe, load_recipe, requirement_name
 from .store import Build, EnvDir, EnvStore
 from .verify import StepResult, verify
+
+environment = chosen().environment
 
 _COMPILED_AGAINST = re.compile(r"^(tensorflow|tf-keras|keras|torch|mxnet|jax|jaxlib|numpy|mpi4py)\b", re.I)
 TOOLCHAIN_FACTS = ("compiler", "mpi", "mpicc", "cuda")  # preflight's facts a compiled wheel depends on
@@ -55,7 +58,7 @@ Progress = Callable[[Event], None]
 
 @dataclass
 class BuildResult:
-    dir: EnvDir
+    env_dir: EnvDir
     build: Build
     log: Path | None
     up_to_date: bool = False
@@ -96,7 +99,7 @@ class BuildRequest:
 
     def partition_for(self, recipe: Recipe) -> str | None:
         """The partition of the build job; None to build here (--here, inside a job, or none named)."""
-        if self.here or os.environ.get("SLURM_JOB_ID"):
+        if self.here or environment.job_id(os.environ):
             return None
         return self.partition or recipe.build.partition
 
@@ -139,7 +142,7 @@ class Builder:
         self.recipe = recipe
         self.store = store or EnvStore()
         self.name = name or recipe.name
-        self.dir = self.store.env(self.name, site=site)
+        self.env_dir = self.store.env(self.name, site=site)
         self.locked = locked
         self.rebuild = rebuild
         self.installer = pip.known_installer(installer or default_installer())
@@ -147,20 +150,20 @@ class Builder:
         self.phase_seconds: dict[str, float] = {}
 
     def run(self) -> BuildResult:
-        self.dir.require_writable("build")
-        with self.dir.exclusive():
-            self.dir.prune()  # leftovers of builds that were killed
-            previous = self.dir.current()
+        self.env_dir.require_writable("build")
+        with self.env_dir.exclusive():
+            self.env_dir.prune()  # leftovers of builds that were killed
+            previous = self.env_dir.current()
             manifest = previous.manifest() if previous else None
             if isinstance(manifest, ContainerManifest):
                 raise HPCAIError(f"env '{self.name}' is a container env", "pick another --name, or `hpcai env "
                                  "remove` it first")
             if previous and manifest and not (self.rebuild or self.locked) and manifest.recipe_hash == self.recipe.digest():
-                return BuildResult(self.dir, previous, None, up_to_date=True,
+                return BuildResult(self.env_dir, previous, None, up_to_date=True,
                                    followed=self._follow_editables(previous, manifest))
             plan = self._plan(manifest)
-            build = self.dir.new_build()
-            log = self.dir.log_path(build)
+            build = self.env_dir.new_build()
+            log = self.env_dir.log_path(build)
             self.progress(Event("log", str(log), "log"))
             keep = f"env '{self.name}' is unchanged" + (f" (build {previous.id} is still current)" if previous else "")
             try:
@@ -175,9 +178,9 @@ class Builder:
             except Exception:
                 self._discard(build, log, traceback.format_exc())
                 raise HPCAIError(f"the build of env '{self.name}' failed unexpectedly", f"{keep}; full log: {log}") from None
-            self.dir.promote(build)
-            self.dir.prune()
-            return BuildResult(self.dir, build, log, phase_seconds=self.phase_seconds, conflicts=conflicts)
+            self.env_dir.promote(build)
+            self.env_dir.prune()
+            return BuildResult(self.env_dir, build, log, phase_seconds=self.phase_seconds, conflicts=conflicts)
 
     # -- planning --------------------------------------------------------------------------
     def _plan(self, manifest: PrefixManifest | None) -> _Plan:
@@ -216,7 +219,7 @@ class Builder:
         for source in wanted:
             dist = dists.get(_normal(_project_name(source)))
             if dist is None or not pip.repoint_editable(dist, source):
-                log = self.dir.log_path(build)
+                log = self.env_dir.log_path(build)
                 pip.installer(self.installer, build.python, env).install([f"-e {source}"], log=log, no_deps=True)
             followed[_project_name(source)] = str(source)
         dists_now = pip.inspect(build.python, env)

@@ -31,40 +31,30 @@ it (``--mode P1`` or ``HPCAI_UDOCKER_MODE=P1``); ``hpcai env check`` warns about
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 import shutil
-import sys
 import tarfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from subprocess import CompletedProcess
 from typing import ClassVar
 
 from .. import mpi
 from ..container_launch import ContainerLaunch
+from ..contract import without_secrets
 from ..errors import HPCAIError
 from ..proc import run
+from ..scheduler import chosen
 from .manifest import ContainerManifest, Inside, UdockerRecord, write_atomic
 from .store import KINDS, Build, BuiltEnv, Checked, EnvStore
+from .udocker import Settings
 
-MODES = ("P1", "P2", "R1", "R2", "R3", "F1", "F2", "F3", "F4", "S1")
-HOST = "/.hpcai/host"  # the host's Slurm client: its programs, loader and libraries, bound at their host paths below
-HOST_BIN = "/.hpcai/bin"  # wrappers that run the host's srun, scontrol... inside the container
+client = chosen().client
+
 LIB = "/.hpcai/lib"  # jupyter_hpcai's own code, so kernel and ranks run the same version as the host
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the image's PATH
-SLURM_CLIENT = ("srun", "scontrol", "squeue", "sinfo", "scancel", "sbatch")
-# Where Slurm clients find their libraries and plugins, config and munge socket on common installations.
-SLURM_LIBS = ("/usr/lib64/slurm", "/usr/lib/slurm", "/usr/lib/x86_64-linux-gnu/slurm-wlm", "/usr/lib/x86_64-linux-gnu/slurm")
-SLURM_CONF_DIRS = ("/etc/slurm", "/etc/slurm-llnl")
-MUNGE_SOCKET = "/run/munge/munge.socket.2"
-# Variables a container never sees, whatever the site adds in HPCAI_CONTAINER_ENV_DENY: the hub's token and alike.
-SECRET_VARIABLES = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*_KEY")
-SYSTEM_LIBS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
-               "/lib64", "/usr/lib64")
 _LOOK_INSIDE = r"""
 import json, shutil, subprocess, sys
 from importlib import metadata
@@ -79,59 +69,6 @@ if shutil.which("mpirun"):
     found["mpi"] = out.splitlines()[0].strip() if out.strip() else None
 print("HPCAI-INSIDE " + json.dumps(found))
 """
-_WRAPPER = """#!/bin/sh
-# {name} of the host, run with the host's loader and libraries (whatever C library the image has)
-H={host}
-exec $H{loader} --library-path {libs} $H{exe} "$@"
-"""
-
-
-@dataclass(frozen=True)
-class Settings:
-    """How udocker is run: sane defaults for a real cluster, each overridable by an environment variable.
-
-    - ``HPCAI_UDOCKER``: the udocker executable (default: ``udocker`` on PATH, or beside this python);
-    - ``UDOCKER_DIR``: where udocker keeps images and containers (udocker's default: ~/.udocker);
-    - ``HPCAI_UDOCKER_MODE``: the execution mode (default P2: proot tracing every system call; P1: proot with
-      seccomp, faster but it lost files in this project's tests (see the module doc); R1... see udocker's manual);
-    - every ``UDOCKER_*`` variable (``UDOCKER_USE_PROOT_EXECUTABLE``, ``UDOCKER_TARBALL``...) is udocker's own
-      configuration, passed on as is.
-    """
-
-    udocker: str
-    mode: str = "P2"
-    variables: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def from_environ(cls, environ: dict[str, str] | None = None, mode: str | None = None) -> Settings:
-        env = dict(os.environ if environ is None else environ)
-        beside = Path(sys.executable).parent / "udocker"  # pip install udocker next to jupyter-hpcai
-        udocker = (env.get("HPCAI_UDOCKER") or shutil.which("udocker", path=env.get("PATH"))
-                   or (str(beside) if beside.exists() else ""))
-        if not udocker or not Path(udocker).exists():
-            raise HPCAIError(f"udocker not found ({udocker or 'not on PATH'})",
-                             "install it (pip install udocker) or set HPCAI_UDOCKER to its path")
-        mode = (mode or env.get("HPCAI_UDOCKER_MODE") or "P2").upper()
-        if mode not in MODES:
-            raise HPCAIError(f"unknown udocker execution mode '{mode}'", f"use one of: {', '.join(MODES)}")
-        variables = {k: v for k, v in env.items() if k.startswith("UDOCKER_")}
-        return cls(str(Path(udocker).absolute()), mode, variables)
-
-    @classmethod
-    def of(cls, record: UdockerRecord) -> Settings:
-        """The settings an import recorded in its manifest."""
-        return cls(record.udocker, record.mode, dict(record.variables))
-
-    @property
-    def base(self) -> list[str]:
-        """udocker and its global options."""
-        return [self.udocker, "--quiet", *(["--allow-root"] if os.geteuid() == 0 else [])]
-
-    def environ(self, base: dict[str, str] | None = None) -> dict[str, str]:
-        return {**(os.environ if base is None else base), **self.variables}
-
-    def udocker_run(self, args: list[str], timeout: float = 600, check: bool = True) -> CompletedProcess[str]:
-        return run([*self.base, *args], env=self.environ(), timeout=timeout, check=check)
 
 
 @dataclass(frozen=True)
@@ -171,10 +108,10 @@ class ContainerEnv(BuiltEnv):
         """``udocker run`` up to the command: host env and identity, home, /tmp, Slurm client, our code."""
         import jupyter_hpcai
 
-        binds = [str(Path.home()), "/tmp", str(Path.cwd()), *self.manifest.binds, *extra_binds, *slurm_paths(),
-                 *host_client_binds(), f"{self.build.prefix / 'hostbin'}:{HOST_BIN}",
+        binds = [str(Path.home()), "/tmp", str(Path.cwd()), *self.manifest.binds, *extra_binds, *client.client_paths(),
+                 *client.host_client_binds(), f"{self.build.prefix / 'hostbin'}:{client.HOST_BIN}",
                  f"{Path(jupyter_hpcai.__file__).parent}:{LIB}/jupyter_hpcai"]
-        path = [HOST_BIN, *([str(Path(self.python).parent)] if self.python.startswith("/") else []), SYSTEM_PATH]
+        path = [client.HOST_BIN, *([str(Path(self.python).parent)] if self.python.startswith("/") else []), SYSTEM_PATH]
         return [*self.settings.base, "run", "--nobanner", "--hostenv", "--hostauth", f"--user={os.getuid()}:{os.getgid()}",
                 *(f"--volume={b}" for b in dict.fromkeys(binds)), f"--workdir={Path.cwd()}",
                 f"--env=PATH={':'.join(path)}", f"--env=PYTHONPATH={LIB}", self.container]
@@ -200,12 +137,12 @@ class ContainerEnv(BuiltEnv):
 
     def remove(self) -> None:
         """Remove the env and everything udocker holds for it."""
-        self.dir.require_writable("remove")
-        with self.dir.exclusive():
-            for build in self.dir.builds():
+        self.env_dir.require_writable("remove")
+        with self.env_dir.exclusive():
+            for build in self.env_dir.builds():
                 discard(build)
-            self.dir.current_link.unlink(missing_ok=True)
-        shutil.rmtree(self.dir.dir, ignore_errors=True)
+            self.env_dir.current_link.unlink(missing_ok=True)
+        shutil.rmtree(self.env_dir.path, ignore_errors=True)
 
     def describe(self) -> dict[str, str]:
         packages = ", ".join(f"{k} {v}" for k, v in self.inside.packages.items()) or "none"
@@ -219,54 +156,6 @@ class ContainerEnv(BuiltEnv):
 
 
 KINDS[ContainerManifest] = ContainerEnv
-
-
-def without_secrets(environ: dict[str, str]) -> dict[str, str]:
-    """``environ`` less every variable whose name matches a deny pattern (shell-style, any case): SECRET_VARIABLES
-    (JUPYTERHUB_API_TOKEN, JPY_API_TOKEN, anything named like a token...), always, and the site's own in the
-    comma-separated ``HPCAI_CONTAINER_ENV_DENY``, which add to them. The kernel needs none of them: it connects
-    through its connection file."""
-    site = environ.get("HPCAI_CONTAINER_ENV_DENY", "").split(",")
-    patterns = [p.strip().upper() for p in (*SECRET_VARIABLES, *site) if p.strip()]
-    return {k: v for k, v in environ.items() if not any(fnmatch.fnmatchcase(k.upper(), p) for p in patterns)}
-
-
-def slurm_paths(environ: dict[str, str] | None = None) -> list[str]:
-    """Host paths the Slurm client needs inside the container, found on the node it runs on.
-
-    ``HPCAI_CONTAINER_SLURM_PATHS`` (colon-separated) when set; else the world-readable files beside
-    SLURM_CONF (slurm.conf and what it includes: never the folder, which may hold keys or state), the munge
-    socket slurm.conf names, the plugin folders, and the PMIx library that ``srun --mpi=pmix`` loads.
-    """
-    env = os.environ if environ is None else environ
-    if "HPCAI_CONTAINER_SLURM_PATHS" in env:
-        return [p for p in env["HPCAI_CONTAINER_SLURM_PATHS"].split(":") if p]
-    conf = Path(env.get("SLURM_CONF") or next((f"{d}/slurm.conf" for d in SLURM_CONF_DIRS
-                                                 if Path(d, "slurm.conf").exists()), "/etc/slurm/slurm.conf"))
-    configs = [str(f) for f in conf.parent.glob("*") if f.is_file() and f.stat().st_mode & 0o004] \
-        if conf.is_file() else []
-    named = re.search(r"^\s*AuthInfo=.*\bsocket=([^,\s]+)", conf.read_text(errors="replace"), re.M) \
-        if conf.is_file() else None
-    socket = named.group(1) if named else MUNGE_SOCKET
-    pmix = [str(p) for p in Path("/usr/lib").glob("*/pmix*/lib/libpmix.so")]
-    return sorted({p for p in (*configs, socket, *SLURM_LIBS, *pmix) if Path(p).exists()})
-
-
-def _host_client() -> tuple[str | None, list[str], dict[str, str]]:
-    """The host's loader, library folders and Slurm programs, as resolved host paths (what the wrappers run)."""
-    loader = next((str(Path(p).resolve()) for p in ("/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1")
-                   if Path(p).exists()), None)
-    libs = list(dict.fromkeys(str(Path(d).resolve()) for d in (*SLURM_LIBS, *SYSTEM_LIBS) if Path(d).is_dir()))
-    programs = {name: str(Path(exe).resolve()) for name in SLURM_CLIENT if (exe := shutil.which(name))}
-    return loader, libs, programs
-
-
-def host_client_binds() -> list[str]:
-    """Binds for the host's Slurm client under HOST: its loader, library folders and programs, nothing else."""
-    loader, libs, programs = _host_client()
-    paths = [*libs, *([loader] if loader else []), *programs.values()]
-    inside_a_lib = [p for p in paths if any(p.startswith(f"{d}/") for d in libs)]
-    return [f"{p}:{HOST}{p}" for p in dict.fromkeys(paths) if p not in inside_a_lib]
 
 
 def _tarball_kind(path: Path) -> str:
@@ -283,19 +172,6 @@ def _tarball_kind(path: Path) -> str:
         raise HPCAIError(f"{path} is not a readable tar archive: {err}",
                          "give an image tarball (docker save, or a root filesystem made with tar)") from None
     return "import"
-
-
-def _write_wrappers(folder: Path) -> None:
-    """sh wrappers that run the host's Slurm client from inside the container (see the module doc)."""
-    folder.mkdir()
-    loader, libs, programs = _host_client()
-    if loader is None:
-        return
-    for name, exe in programs.items():
-        wrapper = folder / name
-        wrapper.write_text(_WRAPPER.format(name=name, host=HOST, loader=loader, libs=":".join(f"$H{d}" for d in libs),
-                                           exe=exe))
-        wrapper.chmod(0o755)
 
 
 def import_container(source: str, name: str, *, store: EnvStore | None = None, mode: str | None = None,
@@ -331,7 +207,7 @@ def import_container(source: str, name: str, *, store: EnvStore | None = None, m
                                  "executables (UDOCKER_USE_PROOT_EXECUTABLE, UDOCKER_USE_RUNC_EXECUTABLE)")
             if Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists():
                 settings.udocker_run(["setup", "--nvidia", manifest.container], timeout=600)
-            _write_wrappers(build.prefix / "hostbin")
+            client.write_wrappers(build.prefix / "hostbin")
             manifest.inside = look_inside(ContainerEnv(env_dir, build, manifest))
             write_atomic(build.meta / "manifest.json", manifest)
         except BaseException:

@@ -63,7 +63,7 @@ class PrefixManifest(_Record):
 
 
 class UdockerRecord(_Record):
-    """How udocker ran the import (container.Settings, as recorded)."""
+    """How udocker ran the import (udocker.Settings, as recorded)."""
 
     udocker: str
     mode: str = "P2"

@@ -37,7 +37,7 @@ class PrefixEnv(BuiltEnv):
 
     @property
     def python(self) -> str:
-        return str(self.dir.current_link / "bin" / "python")
+        return str(self.env_dir.current_link / "bin" / "python")
 
     def environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         if not self.build.python.exists():
@@ -69,11 +69,11 @@ class PrefixEnv(BuiltEnv):
         return warnings
 
     def remove(self) -> None:
-        self.dir.require_writable("remove")
-        with self.dir.exclusive():
-            shutil.rmtree(self.dir.dir / "builds", ignore_errors=True)
-            self.dir.current_link.unlink(missing_ok=True)
-        shutil.rmtree(self.dir.dir, ignore_errors=True)
+        self.env_dir.require_writable("remove")
+        with self.env_dir.exclusive():
+            shutil.rmtree(self.env_dir.path / "builds", ignore_errors=True)
+            self.env_dir.current_link.unlink(missing_ok=True)
+        shutil.rmtree(self.env_dir.path, ignore_errors=True)
 
     def describe(self) -> dict[str, str]:
         m = self.manifest

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +18,11 @@ from typing import Any
 from .. import mpi
 from ..errors import HPCAIError
 from ..proc import run
+from ..scheduler import chosen
 from . import activate
 from .recipe import Recipe
+
+environment = chosen().environment
 
 HOROVOD_MIN_GCC = "7.2"
 
@@ -66,8 +68,8 @@ def site_facts(env: dict[str, str]) -> dict[str, Any]:
     gpus = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
     smi = _line(["nvidia-smi", "-L"], env)
     return {
-        "node": env.get("SLURMD_NODENAME") or socket.gethostname(), "job_id": env.get("SLURM_JOB_ID"),
-        "partition": env.get("SLURM_JOB_PARTITION"), "gpus": gpus or ([smi] if smi else []),
+        "node": environment.node_name(env), "job_id": environment.job_id(env),
+        "partition": env.get(environment.PARTITION), "gpus": gpus or ([smi] if smi else []),
         "compiler": _line([env.get("CC", "gcc"), "-dumpfullversion"], env),
         "cmake": _line(["cmake", "--version"], env),
         "mpi": mpi.host_version(env), "mpicc": shutil.which("mpicc", path=env.get("PATH")),

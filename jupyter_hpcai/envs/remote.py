@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 import sys
 
-from ..jobscript import JobScript, Submitted
+from ..scheduler.jobscript import JobScript, Submitted
 from .build import BuildRequest
 from .store import EnvStore
 
@@ -22,7 +22,7 @@ def submit(request: BuildRequest, store: EnvStore, partition: str) -> Submitted:
     env.require_writable("build")
     gpus = recipe.build.gpus if request.gpus is None else request.gpus
     time_limit = request.time_limit or recipe.build.time
-    logs = env.dir / "logs"
+    logs = env.path / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     logs.chmod(0o700)
     cmd = [sys.executable, "-m", "jupyter_hpcai.cli", "env", "build", str(request.recipe_path.absolute()), "--name",

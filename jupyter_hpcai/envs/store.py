@@ -94,7 +94,7 @@ class EnvDir:
     root: Root
 
     @property
-    def dir(self) -> Path:
+    def path(self) -> Path:
         return self.root.path / self.name
 
     @property
@@ -103,7 +103,7 @@ class EnvDir:
 
     def writable(self) -> bool:
         """Whether this user may build or remove here."""
-        return os.access(self.dir, os.W_OK) if self.dir.exists() else self.root.writable()
+        return os.access(self.path, os.W_OK) if self.path.exists() else self.root.writable()
 
     def require_writable(self, doing: str) -> None:
         """A clear error when this user cannot change the env (a site env, for a user)."""
@@ -113,12 +113,12 @@ class EnvDir:
             raise HPCAIError(f"cannot {doing} env '{self.name}': it is a site environment in {self.root.path}, "
                              "read-only to you", f"ask the site's admins; or build your own: hpcai env build RECIPE "
                              f"--name {self.name} (yours is found first and shadows the site one)")
-        raise HPCAIError(f"cannot {doing} env '{self.name}': {self.dir} is not writable by you",
+        raise HPCAIError(f"cannot {doing} env '{self.name}': {self.path} is not writable by you",
                          "set HPCAI_ENV_ROOT to a folder of yours")
 
     @property
     def current_link(self) -> Path:
-        return self.dir / "current"
+        return self.path / "current"
 
     def current(self) -> Build | None:
         """The build in use, or None when the env was never built."""
@@ -127,18 +127,18 @@ class EnvDir:
         return Build(self.current_link.resolve())
 
     def builds(self) -> list[Build]:
-        builds_dir = self.dir / "builds"
+        builds_dir = self.path / "builds"
         return sorted((Build(p) for p in builds_dir.iterdir() if p.is_dir()), key=lambda b: b.id) if builds_dir.is_dir() else []
 
     def new_build(self) -> Build:
         """A fresh, empty prefix for the next build."""
         build_id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
-        prefix = self.dir / "builds" / build_id
+        prefix = self.path / "builds" / build_id
         prefix.mkdir(parents=True)
         return Build(prefix)
 
     def log_path(self, build: Build) -> Path:
-        logs = self.dir / "logs"
+        logs = self.path / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         logs.chmod(0o700)
         log = logs / f"{build.id}.log"
@@ -147,7 +147,7 @@ class EnvDir:
 
     def promote(self, build: Build) -> None:
         """Point `current` at ``build`` atomically: readers see the old build or the new one, never none."""
-        tmp = self.dir / f".current-{build.id}"
+        tmp = self.path / f".current-{build.id}"
         tmp.unlink(missing_ok=True)
         tmp.symlink_to(Path("builds") / build.id)
         os.replace(tmp, self.current_link)
@@ -159,7 +159,7 @@ class EnvDir:
         current = self.current()
         finished = [b for b in self.builds() if b.manifest()]
         keep_ids = {b.id for b in finished[-keep:]} | ({current.id} if current else set())
-        trash = self.dir / ".trash"
+        trash = self.path / ".trash"
         for build in self.builds():
             if build.id not in keep_ids:
                 trash.mkdir(exist_ok=True)
@@ -171,8 +171,8 @@ class EnvDir:
     @contextmanager
     def exclusive(self) -> Iterator[None]:
         """Hold the env's build lock: one build (or removal) of an env at a time."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / ".lock", "w") as lock:
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.path / ".lock", "w") as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -239,12 +239,12 @@ class Env(Protocol):
 class BuiltEnv:
     """What every kind's class holds: the env's folder and the build it stands for (kinds add their manifest)."""
 
-    dir: EnvDir
+    env_dir: EnvDir
     build: Build
 
     @property
     def name(self) -> str:
-        return self.dir.name
+        return self.env_dir.name
 
 
 # manifest model -> the Env class of that kind; prefix.py and container.py register themselves

@@ -15,9 +15,12 @@ import sys
 from typing import Any, TextIO
 
 from .. import network
+from ..scheduler import chosen
 from . import calls
-from .identity import host_name, pin
 from .frameworks import FRAMEWORKS, torch_rendezvous
+from .identity import host_name, pin
+
+environment = chosen().environment
 
 MASTER_ADDR_VAR, MASTER_PORT_VAR = "HPCAI_MASTER_ADDR", "HPCAI_MASTER_PORT"  # torch's rendezvous (the job script's)
 
@@ -76,7 +79,7 @@ class Job:
         if self.framework.params is None:
             return {}
         nodes = list(network.decode_addresses(os.environ[network.NODE_ADDRS]))
-        per_node = int(os.environ["SLURM_NTASKS"]) // max(1, len(nodes))  # block order: srun's --distribution
+        per_node = int(os.environ[environment.TASKS]) // max(1, len(nodes))  # block order, as the ranks started
         return torch_rendezvous(os.environ[MASTER_ADDR_VAR], int(os.environ[MASTER_PORT_VAR]),
                                 [node for node in nodes for _ in range(per_node)])
 

@@ -16,25 +16,14 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout  # not the builtin before Python 3.11
-from typing import Any, Protocol
+from typing import Any
 
 from ..network import LOOPBACK
+from ..scheduler import chosen
+from .framework import Framework, Handles
 from .identity import LOCAL_RANK_VARS, RANK_VARS, first_int, host_name
 
-Handles = tuple[dict[str, Any], dict[str, Any]]  # (names for the cell namespace, what to report)
-
-
-class Framework(Protocol):
-    """What the ranks need of a framework (frameworks.Framework; the kernel sends it with the call)."""
-
-    @property
-    def name(self) -> str: ...
-
-    def boot(self) -> Handles | None: ...
-
-    def init(self, params: dict[str, Any]) -> Handles: ...
-
-    def max_over_ranks(self, value: int) -> int: ...
+environment = chosen().environment
 
 SLOW_INIT = 60.0  # seconds a cell waits for a framework's initialisation before it says where that is
 
@@ -94,7 +83,8 @@ def rank_info(distributions: list[str] | None = None) -> dict[str, Any]:
     return {"rank": first_int(os.environ, RANK_VARS, -1), "local_rank": first_int(os.environ, LOCAL_RANK_VARS, 0),
             "host": host_name(os.environ),
             "addr": os.environ.get("HPCAI_NODE_ADDR", LOOPBACK), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-            "pid": os.getpid(), "job": os.environ.get("SLURM_JOB_ID", "local"), "versions": versions(distributions or []), "timeline": dict(timeline),
+            "pid": os.getpid(), "job": environment.job_id(os.environ) or "local",
+            "versions": versions(distributions or []), "timeline": dict(timeline),
             "framework": _initialised.name if _initialised else None, "resting": _resting}
 
 

@@ -25,10 +25,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from .. import allocation
+from ..scheduler import allocation, chosen
 from . import calls, telemetry
 from .identity import RANK_VARS, first_int
 from .world import world_changed, world_size  # noqa: F401  (hpc.world_changed(), hpc.world_size())
+
+environment = chosen().environment
 
 CHECK_EVERY = 10  # steps between the ranks' agreement on the walltime signal (one tiny collective)
 CHECKPOINT_DIR_VAR = "HPCAI_CHECKPOINT_DIR"
@@ -299,7 +301,7 @@ class Checkpoint:
         partial.mkdir(mode=0o700)
         self.format.save(self.model, self.optimizer, partial)  # type: ignore[union-attr]
         meta = {"step": step, "epoch": _epoch, "saved_at": time.time(), "name": self.name,
-                "job": os.environ.get("SLURM_JOB_ID", ""), "ranks": world_size()}
+                "job": environment.job_id(os.environ) or "", "ranks": world_size()}
         (partial / "meta.json").write_text(json.dumps(meta))
         shutil.rmtree(folder, ignore_errors=True)
         partial.rename(folder)

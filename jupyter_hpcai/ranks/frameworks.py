@@ -15,12 +15,9 @@ import os
 import re
 import secrets
 import threading
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from importlib import import_module
-from importlib.util import find_spec
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from . import continuity
 from ..contract import RENDEZVOUS_KEY
@@ -28,63 +25,9 @@ from ..errors import HPCAIError
 from ..network import LOOPBACK
 from ..paths import write_private
 from .identity import LOCAL_RANK_VARS, RANK_VARS, first_int
-from .calls import Handles, held_port, rank_info, take_held
+from .calls import held_port, rank_info, take_held
+from .framework import Framework, Handles, World
 from .telemetry import FOLDER_VAR
-
-
-class World(Protocol):
-    """What ``params`` sees of the engines (in the kernel): their ranks, a call on one rank, the controller's
-    address, and the services the kernel keeps for the world while it runs (each stopped with ``shutdown()``)."""
-
-    @property
-    def ranks(self) -> Sequence[Any]: ...
-
-    @property
-    def listens(self) -> str: ...
-
-    @property
-    def services(self) -> dict[str, Any]: ...
-
-    @property
-    def folder(self) -> Path: ...
-
-    def call(self, rank: int, function: Callable[..., Any], *args: Any) -> Any: ...
-
-
-def changeable() -> str | None:
-    """A framework whose worlds can always change (a Framework goes to the ranks by pickle: no lambdas in it)."""
-    return None
-
-
-@dataclass(frozen=True)
-class Framework:
-    name: str
-    distributions: tuple[str, ...]
-    imports: tuple[str, ...]
-    init: Callable[[dict[str, Any]], Handles]  # params -> handles, on a rank
-    max_over_ranks: Callable[[int], int]  # a collective every rank calls: the largest of their values
-    broadcast_object: Callable[[Any], Any]  # a collective every rank calls: rank 0's (picklable) value
-    params: Callable[[World], dict[str, Any]] | None = None
-    # params on a re-formed world (grown, shrunk, ranks lost; world.py), where the launch's are stale
-    reformed: Callable[[World], dict[str, Any]] | None = None
-    fixed: Callable[[], str | None] = changeable  # why this kernel's worlds of it cannot change, or None
-    # in the kernel, before a launch: variables the ranks need to initialise it (the ranks on each node, the
-    # nodes' addresses)
-    launch_env: Callable[[World, Sequence[int], Iterable[str]], dict[str, str]] | None = None
-    # in the kernel, for a world no cell used for a while: params that initialise it again in a form that costs
-    # less while idle (Horovod: a long cycle), or None where that world cannot rest; the next cell that names
-    # the framework initialises it again with ``reformed``'s params. Unset: idle costs nothing (torch)
-    rest: Callable[[World], dict[str, Any] | None] | None = None
-
-    def boot(self) -> Handles | None:
-        """On a rank while it starts: import the framework, and initialise it when that needs no params."""
-        for module in self.imports:
-            import_module(module)
-        return self.init({}) if self.params is None else None
-
-    def installed(self) -> bool:
-        """Whether this python has the framework's packages (the ranks run the same python)."""
-        return all(find_spec(module.partition(".")[0]) is not None for module in self.imports)
 
 
 # Horovod over Gloo (the default): the kernel holds the rendezvous (horovod_rendezvous) for the world's life and
@@ -435,11 +378,13 @@ def _torch_broadcast(value: Any) -> Any:
 
 
 FRAMEWORKS: dict[str, Framework] = {
-    "horovod": Framework("horovod", ("tensorflow", "tensorflow-cpu", "horovod", "mpi4py"),
+    "horovod": Framework("horovod", "horovod_run", "Horovod on TensorFlow", ("hvd", "tf", "rank", "size", "local_rank"),
+                         ("tensorflow", "tensorflow-cpu", "horovod", "mpi4py"),
                          ("tensorflow", "horovod.tensorflow"), _init_horovod, _horovod_max, _horovod_broadcast,
                          reformed=_horovod_reformed, fixed=_horovod_fixed, launch_env=_horovod_launch_env,
                          rest=_horovod_rest),
-    "torch": Framework("torch", ("torch",), ("torch", "torch.distributed"), _init_torch, _torch_max, _torch_broadcast,
+    "torch": Framework("torch", "torchrun", "torch.distributed", ("dist", "rank", "world_size", "local_rank", "device"),
+                       ("torch",), ("torch", "torch.distributed"), _init_torch, _torch_max, _torch_broadcast,
                        _torch_params),
 }
 DISTRIBUTIONS = tuple(dict.fromkeys(d for f in FRAMEWORKS.values() for d in f.distributions))

@@ -3,25 +3,27 @@ its thread counts before anything else runs (boot.py calls it first)."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Mapping, MutableMapping
 
+from ..scheduler import chosen
 from .gpus import entries
 
+environment = chosen().environment
+
 # A re-formed world's place (world.py) comes first: the kernel set it after the launcher's numbers went stale.
-# Open MPI's before Slurm's: under mpirun in a job, every rank inherits its node's orted's SLURM_PROCID and
-# SLURM_LOCALID (the node's index, and 0), which are no rank's.
+# Open MPI's before the scheduler's: under mpirun in a Slurm job, every rank inherits its node's orted's task
+# variables (the node's index, and 0), which are no rank's.
 WORLD = {"rank": "HPCAI_WORLD_RANK", "size": "HPCAI_WORLD_SIZE", "local_rank": "HPCAI_WORLD_LOCAL_RANK",
          "local_size": "HPCAI_WORLD_LOCAL_SIZE"}
-RANK_VARS = (WORLD["rank"], "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK", "HPCAI_RANK")
-LOCAL_RANK_VARS = (WORLD["local_rank"], "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID",
+RANK_VARS = (WORLD["rank"], "OMPI_COMM_WORLD_RANK", environment.RANK, "PMI_RANK", "HPCAI_RANK")
+LOCAL_RANK_VARS = (WORLD["local_rank"], "OMPI_COMM_WORLD_LOCAL_RANK", environment.LOCAL_RANK, "MPI_LOCALRANKID",
                    "HPCAI_LOCAL_RANK")
 LOCAL_SIZE_VARS = (WORLD["local_size"], "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "HPCAI_LOCAL_SIZE")
 
 
 def host_name(env: Mapping[str, str]) -> str:
-    """The node's name as every rank and helper reports it: Slurm's name for it, else the host name."""
-    return env.get("SLURMD_NODENAME") or socket.gethostname()
+    """The node's name as every rank and helper reports it: the scheduler's name for it, else the host name."""
+    return environment.node_name(env)
 
 
 def first_int(env: Mapping[str, str], names: tuple[str, ...], default: int) -> int:
@@ -32,16 +34,11 @@ def first_int(env: Mapping[str, str], names: tuple[str, ...], default: int) -> i
 
 
 def local_size(env: Mapping[str, str]) -> int:
-    """Ranks on this node: from MPI, or Slurm's tasks-per-node list (e.g. ``2(x2)``)."""
+    """Ranks on this node: from MPI, or the scheduler's tasks on each node of the step."""
     size = first_int(env, LOCAL_SIZE_VARS, 0)
     if size:
         return size
-    per_node = env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", "1"))
-    node = first_int(env, ("SLURM_NODEID",), 0)
-    counts: list[int] = []
-    for part in per_node.split(","):
-        count, _, times = part.partition("(x")
-        counts += [int(count)] * int(times.rstrip(")") or 1)
+    counts, node = environment.tasks_per_node(env), first_int(env, (environment.NODE_INDEX,), 0)
     return counts[node] if node < len(counts) else 1
 
 
@@ -54,7 +51,7 @@ def pin(env: MutableMapping[str, str], cpu_count: int) -> None:
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = gpus[local_rank % len(gpus)]
         env["HPCAI_NODE_GPUS"] = ",".join(gpus)
-    cpus = first_int(env, ("SLURM_CPUS_PER_TASK",), 0) or max(1, cpu_count // ranks_here)
+    cpus = first_int(env, (environment.CPUS_PER_TASK,), 0) or max(1, cpu_count // ranks_here)
     for var in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
         env.setdefault(var, str(cpus))
     env.setdefault("TF_NUM_INTEROP_THREADS", "1")

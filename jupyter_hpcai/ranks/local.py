@@ -24,14 +24,16 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import IO
 
+from ..scheduler import chosen
 from .identity import LOCAL_RANK_VARS, LOCAL_SIZE_VARS, RANK_VARS
 from .world import SIZE_VARS
 
+environment = chosen().environment
+
 PLACE = ("HPCAI_RANK", "HPCAI_SIZE", "HPCAI_LOCAL_RANK", "HPCAI_LOCAL_SIZE")
-# every other way a rank could read its place (identity.py and world.py read these before PLACE), and Slurm's
-# per-node task counts: none of them is this launcher's
-OTHER_PLACES = {*RANK_VARS, *SIZE_VARS, *LOCAL_RANK_VARS, *LOCAL_SIZE_VARS, "SLURM_NODEID", "SLURM_TASKS_PER_NODE",
-                "SLURM_NTASKS_PER_NODE", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE"} - set(PLACE)
+# every other way a rank could read its place (identity.py and world.py read these before PLACE), and the
+# scheduler's step places: none of them is this launcher's
+OTHER_PLACES = {*RANK_VARS, *SIZE_VARS, *LOCAL_RANK_VARS, *LOCAL_SIZE_VARS, *environment.STEP_PLACES} - set(PLACE)
 KILL_AFTER = 3.0  # seconds from SIGTERM to SIGKILL (ipyparallel kills this helper after 5)
 LINE = 1 << 16  # the most of a line read at once (a rank writing binary without newlines stays bounded)
 _PR_SET_PDEATHSIG = 1

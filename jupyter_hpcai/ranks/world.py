@@ -12,10 +12,13 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 
+from ..scheduler import chosen
 from .identity import LOCAL_RANK_VARS, LOCAL_SIZE_VARS, RANK_VARS, WORLD, first_int
 
+environment = chosen().environment
+
 OFFSET = "HPCAI_RANK_OFFSET"
-SIZE_VARS = (WORLD["size"], "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE", "HPCAI_SIZE")  # as identity.py's
+SIZE_VARS = (WORLD["size"], "OMPI_COMM_WORLD_SIZE", environment.TASKS, "PMI_SIZE", "HPCAI_SIZE")  # as identity.py's
 _changes = 0  # re-formings of this rank's world
 _told = 0  # the re-formings a cell was told of (world_changed)
 

@@ -14,12 +14,12 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
-from .. import hubapi
-from ..allocation import Allocation
+from .. import hub_client
 from ..contract import IDENTITY_PATH, identity_proof, token_digest
 from ..engines import listing
 from ..errors import HPCAIError
 from ..replies import extend_seconds, refuse
+from ..scheduler.allocation import Allocation
 
 
 class AllocationHandler(APIHandler):  # type: ignore[misc]
@@ -84,7 +84,7 @@ class ExtendThroughHubHandler(APIHandler):  # type: ignore[misc]
     async def post(self) -> None:
         seconds = extend_seconds(self.get_json_body())  # the hub's bounds, checked here first
         try:
-            granted = await asyncio.to_thread(hubapi.extend, seconds)
+            granted = await asyncio.to_thread(hub_client.extend, seconds)
         except HPCAIError as err:
             refuse(self, err)
             return

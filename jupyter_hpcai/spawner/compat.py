@@ -14,7 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import HPCAIError
+from ..scheduler import chosen
 from . import hub_api
+
+environment = chosen().environment
 
 # The classes whose config sections HPCSlurmSpawner reads (an admin moving from batchspawner set SlurmSpawner's).
 SECTIONS = ("Spawner", "BatchSpawnerBase", "SlurmSpawner", "HPCSlurmSpawner")
@@ -36,7 +39,7 @@ REFUSED = {
     **{name: PROFILES for name in ("req_partition", "req_account", "req_runtime", "req_nprocs", "req_ngpus",
                                     "req_gres", "req_queue")},
     "req_host": "a profile's extra_sbatch: ['--nodelist=HOST']",
-    "req_cluster": "one hub per cluster (its SLURM_CONF); the hub's queries do not follow -M",
+    "req_cluster": f"one hub per cluster (its {environment.CONFIG}); the hub's queries do not follow -M",
     "batchspawner_singleuser_cmd": "nothing, or HPCSlurmSpawner.server_launcher: the job runs Spawner.cmd through "
                                    "hpcai-singleuser, whose server reports its port once it listens there; "
                                    "batchspawner-singleuser reported a port before the server held it",

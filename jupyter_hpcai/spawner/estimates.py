@@ -14,10 +14,13 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from .. import proc, slurm
+from .. import proc
 from ..errors import HPCAIError
-from ..slurm import format_duration, parse_duration
+from ..scheduler import chosen
+from ..scheduler.durations import format_duration, parse_duration
 from .options import Profile
+
+scheduler = chosen()
 
 WAIT = 1.0  # seconds the form waits for estimates
 NOW = 60  # a start within this many seconds is "now"
@@ -54,10 +57,10 @@ def ask(prefix: Sequence[str], profile: Profile, walltime: str, env: Mapping[str
     args += [f"--gpus-per-node={profile.gpus_per_node}"] if profile.gpus_per_node else []
     args += [f"--account={profile.account}"] if profile.account else []
     try:
-        done = proc.run([*prefix, "sbatch", "--test-only", *args, "--wrap", "true"], env=env, timeout=10, check=False)
+        done = proc.run([*prefix, *scheduler.test_only(args)], env=env, timeout=10, check=False)
     except HPCAIError:  # sbatch missing or not answering: no estimate, the form goes on
         return None
-    return slurm.expected_start(done.stderr + done.stdout)
+    return scheduler.expected_start(done.stderr + done.stdout)
 
 
 def estimate(prefix: Sequence[str], profile: Profile, env: Mapping[str, str]) -> Estimate:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..errors import HPCAIError
-from ..slurm import format_duration, parse_duration
+from ..scheduler.durations import format_duration, parse_duration
 
 
 def allowed(policy: Mapping[str, str], partition: str) -> int:

@@ -40,10 +40,10 @@ from jupyterhub.apihandlers import APIHandler, default_handlers
 from jupyterhub.handlers.base import BaseHandler
 from tornado import web
 
-from ..allocation import end_time
 from ..contract import token_digest
 from ..errors import HPCAIError
 from ..replies import extend_seconds, refuse
+from ..scheduler.allocation import end_time
 from .fairness import SHARES, TooMany
 
 PORT_PATH = r"/api/batchspawner"

@@ -3,7 +3,7 @@ progress stream, and submissions go through a bounded queue.
 
 ``JobStates``: the jobs any spawner asked about recently are asked for in one ``squeue`` per ``interval``
 (concurrent callers share the query in flight; a job submitted since waits for the next cycle's); a job the
-query asked for and did not find is asked for on its own (``slurm.job_info``) before anyone calls it gone;
+query asked for and did not find is asked for on its own (``scheduler.job_info``) before anyone calls it gone;
 a query that fails raises, which the spawner reads as UNKNOWN (the job is kept), never as gone. The
 scheduler calls of the last minute are counted and logged once a minute.
 
@@ -21,7 +21,9 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
-from .. import slurm
+from ..scheduler import chosen
+
+scheduler = chosen()
 
 # the queries' own threads: a storm of forms, starts and checks on the default pool never delays the cycle's squeue
 POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hpcai-job-states")
@@ -56,7 +58,7 @@ class JobStates:
             found = self._snapshot[job_id]
         else:  # asked for, and missing: gone, or just out of squeue's sight; its own answer decides
             self._count()
-            found = await asyncio.get_running_loop().run_in_executor(POOL, slurm.job_info, job_id)
+            found = await asyncio.get_running_loop().run_in_executor(POOL, scheduler.job_info, job_id)
         self._log(log)
         return found
 
@@ -64,7 +66,7 @@ class JobStates:
         """Slurm's record of ``job_id`` now, asked for on its own (what a decision on a value the hub itself just
         changed needs: an extend's time limit); the cycle's snapshot takes it too."""
         self._count()
-        found = await asyncio.get_running_loop().run_in_executor(POOL, slurm.job_info, job_id)
+        found = await asyncio.get_running_loop().run_in_executor(POOL, scheduler.job_info, job_id)
         if found is not None and job_id in self._snapshot:
             self._snapshot[job_id] = found
         return found
@@ -86,7 +88,7 @@ class JobStates:
         ids = [job for job, at in self._asked.items() if time.monotonic() - at < FORGET_AFTER]
         self._asked = {job: self._asked[job] for job in ids}
         self._count()
-        return await asyncio.get_running_loop().run_in_executor(POOL, slurm.jobs_info, ids), set(ids)
+        return await asyncio.get_running_loop().run_in_executor(POOL, scheduler.jobs_info, ids), set(ids)
 
     def _count(self) -> None:
         self.calls.append(time.monotonic())

@@ -13,7 +13,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..errors import HPCAIError
-from ..slurm import Partition, format_duration, parse_duration
+from ..scheduler.durations import format_duration, parse_duration
+from ..scheduler.interface import Partition
 
 FIELDS = ("profile", "partition", "nodes", "gpus_per_node", "walltime", "account", "environment")
 Word = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]

@@ -6,17 +6,18 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-from ..jobscript import JobScript, node_address, ranks_per_node
+from ..scheduler import chosen
+from ..scheduler.jobscript import JobScript, ranks_per_node
 from .options import Profile, SpawnOptions
+
+scheduler = chosen()
 
 # after the #SBATCH header (jobscript.JobScript)
 BODY = """
 set -euo pipefail
-{prune}# --export above limits what reaches the job; steps started inside it (srun, the engines) must get the
-# whole environment of the process that starts them again.
-unset SLURM_EXPORT_ENV
+{prune}{whole_environment}
 # One Jupyter server, on the first node of the job; every node and GPU stays free for the
-# engines (%hpc start). The server's environment carries the whole allocation (SLURM_*).
+# engines (%hpc start). The server's environment carries the whole allocation.
 export HPCAI_ENV={environment}
 export HPCAI_START_ENGINES={start_engines}
 {bind}{prologue}
@@ -31,12 +32,12 @@ export HPCAI_START_ENGINES={start_engines}
 # longer the job's to Slurm's process tracking (engines/listing.py records their pids; a pid counts only while it
 # is this job's process). SIGTERM is trapped so that the exit runs as a command between others: left to bash's
 # own handler, the exit ran inside it, where a command substitution can lose its child and the exit ran twice.
-SUPERVISED = """export HPCAI_JOB_STATE={state}/"$SLURM_JOB_ID"
+SUPERVISED = """export HPCAI_JOB_STATE={state}/"{job_id}"
 hpcai_job_end() {{
   for record in "$HPCAI_JOB_STATE"/engines/*; do
     [ -f "$record" ] || continue
     for pid in $(cat "$record"); do
-      grep -qxz "SLURM_JOB_ID=$SLURM_JOB_ID" "/proc/$pid/environ" 2>/dev/null && kill -TERM "$pid" 2>/dev/null || true
+      grep -qxz "{this_job}" "/proc/$pid/environ" 2>/dev/null && kill -TERM "$pid" 2>/dev/null || true
     done
   done
   rm -rf "$HPCAI_JOB_STATE"
@@ -73,7 +74,7 @@ PRUNE = """find {logdir} -maxdepth 1 -name 'jupyterhub-*.log' -mtime +{days} -de
 
 # The hub passes the server's address in JUPYTERHUB_SERVICE_URL; where it left the host out, the server listens
 # on its node's address as Slurm knows it (NodeAddr), which is where the hub connects.
-NODE_ADDRESS = node_address()
+NODE_ADDRESS = scheduler.node_address_in_shell()
 BIND_NODE_ADDRESS = f"node_addr={NODE_ADDRESS}\n" + """\
 export JUPYTERHUB_SERVICE_URL="${JUPYTERHUB_SERVICE_URL%%://*}://${node_addr}:0${JUPYTERHUB_SERVICE_PREFIX}"
 """
@@ -92,10 +93,12 @@ def render(options: SpawnOptions, profile: Profile, *, user: str, homedir: str, 
     logdir = logdir or f"{homedir}/{LOG_DIR}"
     warning = min(walltime_warning, options.walltime_seconds // 2)
     run = SUPERVISED.format(state=shlex.quote(f"{homedir}/{JOB_STATE}"), cmd=shlex.join(cmd),
+                            job_id=scheduler.JOB_ID_IN_SHELL, this_job=scheduler.JOB_ID_IN_ENVIRON,
                             signal_trap=SIGNAL_TRAP.format(warning=warning) if warning else "",
                             warm=WARM.format(server=shlex.quote(cmd[0])) if profile.start_engines else "",
                             epilogue=f"{epilogue}\n" if epilogue else "")
     body = BODY.format(prune=PRUNE.format(logdir=shlex.quote(logdir), days=int(log_days)) if log_days else "",
+                       whole_environment=scheduler.WHOLE_ENVIRONMENT,
                        environment=shlex.quote(options.environment), start_engines=int(profile.start_engines),
                        bind=BIND_NODE_ADDRESS if bind_node_address else "", prologue=prologue, run=run)
     extra = (f"--chdir={homedir}", f"--export={keepvars}", *([f"--signal=B:USR1@{warning}"] if warning else []),

@@ -26,15 +26,20 @@ from tornado.simple_httpclient import SimpleAsyncHTTPClient
 from tornado.web import HTTPError
 from traitlets import Bool, Dict, Float, Integer, List, Set, Unicode, default
 
-from .. import slurm
 from ..contract import IDENTITY_PATH, identity_proof, token_digest
 from ..envs import EnvStore, open_env
 from ..errors import HPCAIError
+from ..scheduler import chosen
+from ..scheduler.durations import format_duration, later, parse_duration
+from ..scheduler.interface import TERMINAL_STATES
 from . import compat, extend, form, script
 from .fairness import SHARES, TooMany
 from .options import FIELDS, Limit, OptionsError, Profile, SpawnOptions, merge_limits, validate
 from .progress import Feed, pending_message
-from .scheduler import Scheduler, Settings
+from .queries import QuerySettings, SharedQueries
+
+scheduler = chosen()
+environment = chosen().environment
 
 LOG_TAIL_BYTES = 8192  # of a failed job's log, shown on the spawn page
 LAUNCHER = "hpcai-singleuser"  # the job's server start (server/singleuser.py)
@@ -45,7 +50,7 @@ PROBE_EVERY = 10.0  # seconds: a running server's port is asked at most this oft
 OWNER_WAITS = ("JobHeldUser", "BeginTime")  # a waiting job's reasons that are its owner's doing (held_start_timeout)
 # All a command the hub runs as a user gets of the hub's own environment (which holds the hub's secrets, and
 # which sudo -E would pass on for the user to read in /proc): nothing but where the programs and Slurm are.
-COMMAND_ENV = ("PATH", "LANG", "LC_ALL", "SLURM_CONF")
+COMMAND_ENV = ("PATH", "LANG", "LC_ALL", environment.CONFIG)
 
 
 def site_environments() -> dict[str, str]:
@@ -122,7 +127,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
 
     _token_digest = ""  # the saved digest of the server's token (load_state), for a hub that restarted
     _last_proof = 0.0  # time.monotonic() of the running server's last proof (or of this hub's first look)
-    _scheduler: ClassVar[Scheduler | None] = None  # the hub's one, made by the first spawner that asks
+    _queries: ClassVar[SharedQueries | None] = None  # the hub's one, made by the first spawner that asks
     _reason = ""  # Slurm's reason for the job's state, at the last query
     _held_for = 0.0  # seconds this start's job has waited for its owner (_held), up to the last look
     _held_seen: float | None = None  # time.monotonic() of the last look, where it was waiting for its owner then
@@ -137,14 +142,14 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         self._start_timeout = self.start_timeout  # as configured: a follow-up's wait is added to this, never stacked
 
     @property
-    def scheduler(self) -> Scheduler:
-        """The hub's Slurm service (scheduler.py), shared by every spawner, configured once: from the first
-        spawner's settings, which are the hub config's (users cannot set them: apply_user_options is refused)."""
-        if HPCSlurmSpawner._scheduler is None:
-            HPCSlurmSpawner._scheduler = Scheduler(Settings(self.limits_ttl, self.start_estimates_ttl,
-                                                            self.job_state_interval, self.max_concurrent_submits),
-                                                   site_environments)
-        return HPCSlurmSpawner._scheduler
+    def queries(self) -> SharedQueries:
+        """The hub's questions to the scheduler (queries.py), shared by every spawner, configured once: from the
+        first spawner's settings, which are the hub config's (users cannot set them: apply_user_options is refused)."""
+        if HPCSlurmSpawner._queries is None:
+            settings = QuerySettings(self.limits_ttl, self.start_estimates_ttl, self.job_state_interval,
+                                     self.max_concurrent_submits)
+            HPCSlurmSpawner._queries = SharedQueries(settings, site_environments)
+        return HPCSlurmSpawner._queries
 
     # the form's last rejected submission (or a link's choices), shown again with a message per field
     _rejected: tuple[dict[str, str], dict[str, str]] | None = None
@@ -162,10 +167,10 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
 
     def _limits(self) -> dict[str, Limit]:
         """The scheduler's partition limits (cached), narrowed by the admin's."""
-        return merge_limits(self.scheduler.partitions(), self.limits, list(self.partitions) or None)
+        return merge_limits(self.queries.partitions(), self.limits, list(self.partitions) or None)
 
     def _environments(self) -> dict[str, str]:
-        return dict(self.environments) or self.scheduler.site_environments()
+        return dict(self.environments) or self.queries.site_environments()
 
     def _validate(self, raw: dict[str, Any]) -> tuple[SpawnOptions, Profile]:
         return validate(raw, self._profiles(), self._limits(), self._environments())
@@ -183,7 +188,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         said: dict[str, str] = {}
         if self.start_estimates:  # at most estimates.WAIT seconds more for the form; else the last ones
             prefix = shlex.split(self.exec_prefix.format(username=self.user.name))
-            found = await self.scheduler.start_estimates(self.user.name, prefix, profiles, command_env())
+            found = await self.queries.start_estimates(self.user.name, prefix, profiles, command_env())
             now = time.time()
             said = {name: e.words(now) for name, e in found.items()}
         return form.render(profiles, await self.current_limits(), environments, values, errors, said, note)
@@ -293,7 +298,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         except OptionsError as err:
             raise _refused(400, err) from None
         self._held_for, self._held_seen = 0.0, None
-        async with self.scheduler.submission(self.user.name, self):
+        async with self.queries.submission(self.user.name, self):
             as_user = self.exec_prefix.format(username=self.user.name)
             try:  # Slurm writes the log only into a folder that exists: the user makes it (root never does, there)
                 await self.run_command(f"{as_user} install -d -m 0700 -- {shlex.quote(self.job_log_folder())}",
@@ -565,8 +570,8 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         return True
 
     async def _job_info(self) -> dict[str, str] | None:
-        """Slurm's record of this spawner's job (the hub's Scheduler: one query of its jobs per cycle)."""
-        return await self.scheduler.job_info(self.job_id, self.log)
+        """Slurm's record of this spawner's job (the hub's shared queries: one of its jobs per cycle)."""
+        return await self.queries.job_info(self.job_id, self.log)
 
     async def query_job_status(self) -> JobStatus:
         """Slurm's word on the job. A failed query is UNKNOWN (the job is kept), never 'gone'."""
@@ -586,7 +591,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             return JobStatus.RUNNING
         if state in ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED"):
             return JobStatus.PENDING
-        if state in slurm.TERMINAL_STATES:
+        if state in TERMINAL_STATES:
             return JobStatus.NOTFOUND
         # STOPPED, SIGNALING, STAGE_OUT, a state this code does not know: the job still holds its nodes, so it is
         # kept (a user who stops their own job must not make the hub forget it, and leave it running unseen)
@@ -599,7 +604,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         question to Slurm; then the job's record as it is now (the cycle's query may predate the last extend)."""
         options = self._options or (await asyncio.to_thread(self._validate, self.user_options or {}))[0]
         extend.allowed(self.extend_max_walltime, options.partition)
-        info = await self.scheduler.fresh_job_info(self.job_id) or {}
+        info = await self.queries.fresh_job_info(self.job_id) or {}
         if info.get("JobState") != "RUNNING":
             raise HPCAIError(f"job {self.job_id} is not running ({info.get('JobState', 'gone')})",
                              "only a running notebook job can be extended")
@@ -608,22 +613,22 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             # swapped in sbatch's stdin), or it is not this user's job: the policy was decided for the job submitted
             raise HPCAIError(f"job {self.job_id} is not the job the hub submitted for {self.user.name}: "
                              + "; ".join(changed), "only a notebook job as the hub submitted it can be extended")
-        partition, old = options.partition, slurm.parse_duration(info.get("TimeLimit", "")) or 0
-        scheduler = (await self.current_limits()).get(partition)
+        partition, old = options.partition, parse_duration(info.get("TimeLimit", "")) or 0
+        limits = (await self.current_limits()).get(partition)
         wanted = extend.new_limit(self.extend_max_walltime, partition, old, seconds,
-                                  scheduler.max_walltime if scheduler else None)
-        limit = slurm.format_duration(wanted)
-        await self.run_command(f"scontrol update JobId={int(self.job_id)} TimeLimit={limit}")
+                                  limits.max_walltime if limits else None)
+        limit = format_duration(wanted)
+        await self.run_command(scheduler.set_time_limit(self.job_id, limit))
         self.log.info("Extended job %s of %s by %s s to %s", self.job_id, self.user.name, seconds, limit)
         # the end moves by what the limit grew (Slurm's EndTime: the start, the limit and any time suspended)
         return {"job_id": self.job_id, "time_limit": limit,
-                "end_time": slurm.later(info.get("EndTime", ""), wanted - old)}
+                "end_time": later(info.get("EndTime", ""), wanted - old)}
 
     def state_gethost(self) -> str:
         """The address the hub reaches the first node at: Slurm's NodeAddr (node names may not resolve), as one IP
         address, so that the hub's check of the server and the proxy's route reach the same (one_address)."""
         host = self.job_status.split()[-1]
-        return one_address(slurm.node_address(host))
+        return one_address(scheduler.node_address(host))
 
     async def _failure_report(self, what: str) -> str:
         """What became of this start's job, with the last lines of its log: made once per job, however many ask
@@ -667,7 +672,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         """This start's events, each once, while it is pending (JupyterHub stops reading once the server is up)."""
         last = ""
         while self._spawn_pending:
-            place = self.scheduler.place(self)
+            place = self.queries.place(self)
             if not self.job_id and place:
                 message, pct = (f"Waiting to submit: number {place} in the hub's queue (it submits "
                                 f"{self.max_concurrent_submits} requests at a time)"), 2
@@ -689,7 +694,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
                 elif state in ("RUNNING", "CONFIGURING"):
                     message, pct = (f"Job {self.job_id} is running on {info.get('NodeList', '?')}; "
                                     "waiting for the Jupyter server to start"), 70
-                elif state and state not in slurm.TERMINAL_STATES:  # SUSPENDED, REQUEUED, STOPPED...: it may go on
+                elif state and state not in TERMINAL_STATES:  # SUSPENDED, REQUEUED, STOPPED...: it may go on
                     message, pct = f"Job {self.job_id} is {state.lower()}", 50
                 else:
                     yield {"progress": 100, "failed": True, "message": await self._failure_report("is not running")}
@@ -706,7 +711,7 @@ def as_submitted(info: dict[str, str], options: SpawnOptions, user: str) -> list
     wanted = {"owner": user, "partition": options.partition, "nodes": str(options.nodes),
               "GPUs per node": str(options.gpus_per_node), "account": options.account or info.get("Account", "")}
     found = {"owner": info.get("UserName", ""), "partition": info.get("Partition", ""),
-             "nodes": info.get("NumNodes", ""), "GPUs per node": str(slurm.gres_gpus(info.get("TresPerNode", ""))),
+             "nodes": info.get("NumNodes", ""), "GPUs per node": str(scheduler.gres_gpus(info.get("TresPerNode", ""))),
              "account": info.get("Account", "")}
     # Slurm keeps account names in lower case
     return [f"{what} {found[what] or '(none)'}, submitted {wanted[what]}" for what in wanted

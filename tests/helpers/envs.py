@@ -54,4 +54,4 @@ def shipped_env(recipe: str) -> EnvDir:
     """A shipped recipe's env, in a store outside the checkout that persists between runs: rebuilt only
     when the recipe changed (jupyter_hpcai is installed editable, so code changes need no rebuild)."""
     with shipped_env_held(recipe) as root:
-        return Builder(load_recipe(REPO / "recipes" / f"{recipe}.yaml"), store=EnvStore(root)).run().dir
+        return Builder(load_recipe(REPO / "recipes" / f"{recipe}.yaml"), store=EnvStore(root)).run().env_dir

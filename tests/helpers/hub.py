@@ -15,7 +15,7 @@ from typing import Any
 from urllib.request import Request, urlopen
 
 from helpers.jupyter import free_port
-from jupyter_hpcai import slurm
+from jupyter_hpcai.scheduler import slurm
 from jupyter_hpcai.demo import DEMO_CONFIG, HubProcess, ensure_user, loopback
 from jupyter_hpcai.devcluster.pytest_plugin import worker_number
 from jupyter_hpcai.proc import wait_until
@@ -116,7 +116,7 @@ def progress_events(hub: Hub, user: str = USER, timeout: float = 60, server: str
 def every_gpu_held(tmp_path: Path) -> Iterator[None]:
     """A job holding every GPU of both nodes while the block runs; a server's job waits behind it."""
     release = tmp_path / "release"
-    blocker = slurm.sbatch(["-N2", "--gpus-per-node=4", "--partition=debug", f"--output={tmp_path}/b.out",
+    blocker = slurm.submit(["-N2", "--gpus-per-node=4", "--partition=debug", f"--output={tmp_path}/b.out",
                             "--wrap", f"while [ ! -e {release} ]; do sleep 0.2; done"])
     try:
         wait_until(lambda: slurm.job_info(blocker)["JobState"] == "RUNNING", timeout=60, what="the blocker job")  # type: ignore[index]

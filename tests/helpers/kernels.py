@@ -82,7 +82,7 @@ class JobKernel:
 
 def job_node_address(job: int) -> str:
     """The Slurm address of the first node of ``job``, once it runs."""
-    from jupyter_hpcai import slurm
+    from jupyter_hpcai.scheduler import slurm
     from jupyter_hpcai.proc import wait_until
 
     def batch_host() -> str | None:
@@ -99,10 +99,10 @@ def kernel_in_job(env: EnvDir, work: Path, sbatch_args: tuple[str, ...] = ("-N2"
     """A notebook kernel in ``env`` (through the hpcai-env provisioner), inside a dev-cluster job (the job's
     environment: this process's, updated with ``environ``); ``beside``: a command the job starts first, in the
     background (as a notebook job's script starts its engines beside the server)."""
-    from jupyter_hpcai import slurm
+    from jupyter_hpcai.scheduler import slurm
 
     connection = work / "kernel.json"
-    job = slurm.sbatch([*sbatch_args, "--time=00:45:00", f"--output={work}/job.out",
+    job = slurm.submit([*sbatch_args, "--time=00:45:00", f"--output={work}/job.out",
                         "--wrap", f"{beside + ' & ' if beside else ''}"
                                   f"{_kernel_command(env, work, connection)} --KernelManager.ip={NODE_ADDRESS}"],
                        env={**os.environ, **(environ or {}), "JUPYTER_PATH": str(work / "share" / "jupyter")})
@@ -238,7 +238,8 @@ def lab_in_job(tf_env: EnvDir, work: Path, walltime: str = "00:30:00") -> Iterat
     import sys
 
     from helpers.jupyter import Server, answers, free_port
-    from jupyter_hpcai import kernelspec, slurm
+    from jupyter_hpcai import kernelspec
+    from jupyter_hpcai.scheduler import slurm
     from jupyter_hpcai.proc import wait_until
 
     kernelspec.install(open_env(tf_env), prefix=str(work))
@@ -249,7 +250,7 @@ def lab_in_job(tf_env: EnvDir, work: Path, walltime: str = "00:30:00") -> Iterat
     cmd = (f"{Path(sys.executable).parent}/jupyter-lab --no-browser --allow-root --ip={NODE_ADDRESS} --port={port} "
            f"--IdentityProvider.token={token} --ServerApp.root_dir={work}")
     # on n1, as the tests read it: the previous test's job may still be completing there (Slurm would pick n2)
-    job = slurm.sbatch(["-N1", "--nodelist=n1", "--ntasks-per-node=2", "--gpus-per-node=2", f"--time={walltime}",
+    job = slurm.submit(["-N1", "--nodelist=n1", "--ntasks-per-node=2", "--gpus-per-node=2", f"--time={walltime}",
                         f"--output={work}/lab.log", "--wrap", cmd],
                        env={**os.environ, "JUPYTER_PATH": str(work / "share" / "jupyter"),
                             "JUPYTERLAB_SETTINGS_DIR": str(work / "settings"), "IPYTHONDIR": str(work / "ipython")})

@@ -1,34 +1,17 @@
-"""Slurm as data: the scheduler's commands run and their output parsed."""
+"""Slurm's commands: run, and their output parsed into the interface's types and records."""
 
 from __future__ import annotations
 
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import HPCAIError
-from .proc import run
-
-# Long node states that mean the node answers and can run (or is running) jobs.
-_USABLE_STATES = {"idle", "mixed", "allocated", "completing"}
-
-
-@dataclass(frozen=True)
-class Node:
-    """One node as sinfo reports it."""
-
-    name: str
-    state: str  # long form, e.g. "idle", "mixed", "down*"
-    partitions: tuple[str, ...]
-    cpus: int
-    gpus: int
-
-    @property
-    def usable(self) -> bool:
-        """True when the node responds and accepts work."""
-        return self.state in _USABLE_STATES
+from ...errors import HPCAIError
+from ...proc import run
+from .script import job_options
+from ..durations import format_duration, parse_duration
+from ..interface import RECORD_KEYS, TERMINAL_STATES, Node, Partition
 
 
 def gres_gpus(gres: str) -> int:
@@ -74,13 +57,8 @@ def nodes(env: Mapping[str, str] | None = None) -> list[Node]:
     return list(merged.values())
 
 
-TERMINAL_STATES = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-     "REVOKED", "SPECIAL_EXIT"}
-)
-
-
-def sbatch(args: list[str], env: Mapping[str, str] | None = None, timeout: float = 30, script: str | None = None) -> int:
+def submit(args: list[str], env: Mapping[str, str] | None = None, timeout: float = 30,
+           script: str | None = None) -> int:
     """Submit a job (``args`` are sbatch's options, then a script path, or ``script`` on stdin); return its id."""
     out = run(["sbatch", "--parsable", *args], env=env, timeout=timeout, input=script).stdout.strip()
     return int(out.split(";")[0])
@@ -90,11 +68,9 @@ def sbatch(args: list[str], env: Mapping[str, str] | None = None, timeout: float
 # write (Comment, JobName, WorkDir are never asked for). The two a user may set freely come last: Account (free
 # text where the site keeps no accounting) and StdOut (a path): a '|' in either moves only what follows it, which
 # the hub decides nothing on (StdOut is read as the user); no value can add a field or move another before them.
-JOB_FIELDS = (("JobId", "JobID"), ("JobState", "State"), ("UserName", "UserName"), ("Partition", "Partition"),
-              ("TimeLimit", "TimeLimit"), ("StartTime", "StartTime"), ("EndTime", "EndTime"), ("NodeList", "NodeList"),
-              ("BatchHost", "BatchHost"), ("ExitCode", "exit_code"), ("SubmitTime", "SubmitTime"),
-              ("NumNodes", "NumNodes"), ("TresPerNode", "tres-per-node"), ("Dependency", "Dependency"),
-              ("Reason", "Reason"), ("Account", "Account"), ("StdOut", "STDOUT"))
+JOB_FIELDS = tuple(zip(RECORD_KEYS, ("JobID", "State", "UserName", "Partition", "TimeLimit", "StartTime", "EndTime",
+                                    "NodeList", "BatchHost", "exit_code", "SubmitTime", "NumNodes", "tres-per-node",
+                                    "Dependency", "Reason", "Account", "STDOUT"), strict=True))
 _NONE = ("N/A", "n/a", "(null)", "Unknown", "NONE")
 
 
@@ -147,19 +123,6 @@ def node_addresses(names: list[str], env: Mapping[str, str] | None = None) -> di
     return {name: found.get(name) or name for name in names}
 
 
-@dataclass(frozen=True)
-class Partition:
-    """A partition with what it can run now and at most."""
-
-    name: str
-    nodes: int
-    idle_nodes: int
-    gpus_per_node: int
-    idle_gpus: int
-    max_time: int | None  # seconds; None for no limit
-    default: bool = False
-
-
 def shared_between_users(partition: str, env: Mapping[str, str] | None = None) -> str | None:
     """How ``partition`` lets jobs of several users share a node (its settings, in Slurm's words), or None where
     each node runs one user's jobs at a time (ExclusiveUser=YES, or OverSubscribe=EXCLUSIVE)."""
@@ -167,25 +130,6 @@ def shared_between_users(partition: str, env: Mapping[str, str] | None = None) -
     fields = dict(f.split("=", 1) for f in out.split() if "=" in f)  # the admin's settings: no user writes here
     user, over = fields.get("ExclusiveUser", "NO"), fields.get("OverSubscribe", "NO")
     return None if user == "YES" or over.startswith("EXCLUSIVE") else f"ExclusiveUser={user}, OverSubscribe={over}"
-
-
-def parse_duration(text: str) -> int | None:
-    """Slurm's time format (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) in seconds; None for UNLIMITED."""
-    text = text.strip()
-    if text.upper() in ("UNLIMITED", "INFINITE", "NONE", ""):
-        return None
-    days, _, rest = text.rpartition("-")
-    parts = [int(p) for p in rest.split(":")]
-    if days:
-        parts += [0] * (3 - len(parts))
-        hours, minutes, seconds = parts
-    elif len(parts) == 3:
-        hours, minutes, seconds = parts
-    elif len(parts) == 2:
-        hours, (minutes, seconds) = 0, parts
-    else:
-        hours, minutes, seconds = 0, parts[0], 0
-    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 def _gpu_used(gres_used: str) -> int:
@@ -209,22 +153,6 @@ def partitions(env: Mapping[str, str] | None = None) -> list[Partition]:
             max_time=parse_duration(nodes[0][4]), default=part.endswith("*"),
         ))
     return result
-
-
-def later(when: str, seconds: int) -> str:
-    """Slurm's time ``when`` (``YYYY-MM-DDTHH:MM:SS``) ``seconds`` later, written as Slurm writes it; "" for none."""
-    try:
-        moved = time.mktime(time.strptime(when, "%Y-%m-%dT%H:%M:%S")) + seconds
-    except ValueError:
-        return ""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(moved))
-
-
-def format_duration(seconds: int) -> str:
-    """Seconds as Slurm's ``D-HH:MM:SS`` (or ``HH:MM:SS`` under a day)."""
-    days, rest = divmod(seconds, 86400)
-    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
-    return f"{days}-{text}" if days else text
 
 
 FORGOTTEN_AFTER = 5.0  # seconds a job must stay out of squeue's answers before it counts as forgotten: a loaded
@@ -273,3 +201,53 @@ def expected_start(answer: str) -> float | None:
     """When ``sbatch --test-only`` says a job would start (epoch seconds), or None when it did not say."""
     found = TEST_ONLY.search(answer)
     return time.mktime(time.strptime(found.group(1), "%Y-%m-%dT%H:%M:%S")) if found else None
+
+
+# --- the commands this project runs, as argument lists (run by their callers: as the user, with their env) ---------
+SUBMITTERS = ("sbatch", "scancel")  # what the hub runs as each user: submit, test a submission, cancel
+PING = ("scontrol", "ping")  # whether the controller answers
+
+
+def test_only(args: Sequence[str]) -> list[str]:
+    """A submission's test (sbatch --test-only) with ``args``: what the scheduler would do, nothing submitted."""
+    return ["sbatch", "--test-only", *args, "--wrap", "true"]
+
+
+def cancel_argv(job: int | str, *, user: str = "", name: str = "") -> list[str]:
+    """Cancel ``job``; only if it is ``user``'s and named ``name``, where given (an id given out again is spared)."""
+    return ["scancel", *([f"--user={user}"] if user else []), *([f"--name={name}"] if name else []), str(job)]
+
+
+def set_time_limit(job: int | str, limit: str) -> str:
+    """The command (one line, for batchspawner's run_command) that sets ``job``'s time limit to ``limit``."""
+    return f"scontrol update JobId={int(job)} TimeLimit={limit}"
+
+
+def narrow_argv(job: int | str, nodes: Sequence[str]) -> list[str]:
+    """Give a running job's other nodes back: keep ``nodes`` only (as its owner)."""
+    return ["scontrol", "update", f"JobId={job}", f"NodeList={','.join(nodes)}"]
+
+
+def step(*, nodes: int, tasks: int | None = None, per_node: int | None = None, nodelist: Sequence[str] = (),
+         mpi: bool = False, survive: bool = False, label: bool = False, output: str | None = None,
+         time: str | None = None) -> list[str]:
+    """A step in the current job beside its others (its CPUs shared: the kernel's own step keeps its own), its
+    tasks in block order, up to its command; outside a job, a job of its own (``time``: its limit). ``mpi``: its
+    tasks are MPI ranks (PMIx: Debian's Open MPI has no PMI2); ``survive``: a task's end leaves the others running;
+    ``label``: each output line says its task; ``output``: each task's output to this file ("{rank}": its rank)."""
+    return ["srun", f"--mpi={'pmix' if mpi else 'none'}", "--overlap", f"--nodes={nodes}",
+            *([f"--ntasks={tasks}"] if tasks else []), *([f"--ntasks-per-node={per_node}"] if per_node else []),
+            *([f"--nodelist={','.join(nodelist)}"] if nodelist else []), "--distribution=block",
+            *(["--kill-on-bad-exit=0", "--no-kill"] if survive else []), *(["--label"] if label else []),
+            *([f"--output={output.replace('{rank}', '%t')}"] if output else []), *([f"--time={time}"] if time else [])]
+
+
+def job_of_its_own(fields: Mapping[str, str | int]) -> list[str]:
+    """A job that runs one command and waits for it (srun outside a job), ``fields`` as ``job_options``'."""
+    return ["srun", *job_options(fields, ())]
+
+
+def user_jobs(user: str, env: Mapping[str, str] | None = None) -> list[str]:
+    """The ids of ``user``'s jobs in the queue (or of every job, for ``user`` "")."""
+    return run(["squeue", "--noheader", *([f"--user={user}"] if user else []), "--format=%i"], env=env,
+               timeout=30, check=False).stdout.split()

@@ -1,7 +1,8 @@
-"""The hub's one view of Slurm (runs in the hub), shared by every HPCSlurmSpawner: the partitions' limits (one
-sinfo per ``limits_ttl``), each user's start estimates (estimates.py), the jobs' states (one squeue per
-``job_state_interval``, jobstate.JobStates) and the submissions (at most ``max_concurrent_submits`` at once, one per
-user, jobstate.SubmitQueue). ``HPCSlurmSpawner.scheduler`` makes it once, from the spawner class's settings."""
+"""The hub's questions to the scheduler, each asked once for every HPCSlurmSpawner (runs in the hub): the
+partitions' limits (one sinfo per ``limits_ttl``), each user's start estimates (estimates.py), the jobs' states (one
+squeue per ``job_state_interval``, jobstate.JobStates) and the submissions (at most ``max_concurrent_submits`` at
+once, one per user, jobstate.SubmitQueue). ``HPCSlurmSpawner.queries`` makes them once, from the spawner class's
+settings."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from .. import slurm
+from ..scheduler import chosen
+from ..scheduler.interface import Partition
 from .estimates import Estimate, Estimates
 from .jobstate import JobStates, SubmitQueue
 from .options import Profile
+
+scheduler = chosen()
 
 T = TypeVar("T")
 
@@ -40,7 +44,7 @@ class Cached(Generic[T]):
 
 
 @dataclass(frozen=True)
-class Settings:
+class QuerySettings:
     """The admin's settings (HPCSlurmSpawner's traits of the same names)."""
 
     limits_ttl: float = 60
@@ -49,19 +53,19 @@ class Settings:
     max_concurrent_submits: int = 8
 
 
-class Scheduler:
-    """Slurm as the hub's spawners ask it, each question asked once for all of them."""
+class SharedQueries:
+    """The scheduler as the hub's spawners ask it, each question asked once for all of them."""
 
-    def __init__(self, settings: Settings, environments: Callable[[], dict[str, str]] = dict) -> None:
+    def __init__(self, settings: QuerySettings, environments: Callable[[], dict[str, str]] = dict) -> None:
         self.settings = settings
         self.job_states = JobStates()
         self.submits = SubmitQueue()
         self.estimates = Estimates()
-        self._partitions = Cached(slurm.partitions, settings.limits_ttl)
+        self._partitions = Cached(scheduler.partitions, settings.limits_ttl)
         self._environments = Cached(environments, settings.limits_ttl)
         self._turns: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)  # user -> held while theirs submits
 
-    def partitions(self) -> list[slurm.Partition]:
+    def partitions(self) -> list[Partition]:
         """sinfo's partitions, cached for ``limits_ttl`` seconds (one sinfo per form, not per keystroke)."""
         return self._partitions.get()
 
@@ -80,7 +84,7 @@ class Scheduler:
         scontrol when ``job_state_interval`` is 0."""
         if self.settings.job_state_interval > 0:
             return await self.job_states.info(job_id, self.settings.job_state_interval, log)
-        return await asyncio.to_thread(slurm.job_info, job_id)
+        return await asyncio.to_thread(scheduler.job_info, job_id)
 
     async def fresh_job_info(self, job_id: str) -> dict[str, str] | None:
         """Slurm's record of ``job_id`` as it is now, not as the cycle's query saw it (JobStates.fresh)."""

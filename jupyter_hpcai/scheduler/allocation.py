@@ -1,4 +1,4 @@
-"""The Slurm allocation a process runs in: job id, nodes, GPUs per node, tasks, time left."""
+"""The allocation a process runs in: job id, nodes, GPUs per node, tasks, time left."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from . import slurm
+from . import chosen
 
 JOB_STATE_VAR = "HPCAI_JOB_STATE"  # the notebook job's private folder; its batch script makes it (spawner/script.py)
-WARNING_VAR = "HPCAI_WALLTIME_WARNING"  # seconds before the walltime at which Slurm signals the job
-SIGNAL_MARK = "walltime"  # the file the batch shell writes when Slurm's signal comes: the time it came
+WARNING_VAR = "HPCAI_WALLTIME_WARNING"  # seconds before the walltime at which the scheduler signals the job
+SIGNAL_MARK = "walltime"  # the file the batch shell writes when the scheduler's signal comes: the time it came
 
 
 @dataclass(frozen=True)
 class Allocation:
-    """A Slurm job as seen from inside it."""
+    """A job as seen from inside it."""
 
     job_id: str
     partition: str
@@ -26,24 +26,26 @@ class Allocation:
     gpus_per_node: int
     cpus_per_node: int
     tasks: int
-    gpus_here: list[str]  # CUDA_VISIBLE_DEVICES on this node, as Slurm set it
+    gpus_here: list[str]  # CUDA_VISIBLE_DEVICES on this node, as the scheduler set it
     end_time: dt.datetime | None  # None for jobs without a time limit
 
     @classmethod
     def current(cls, environ: Mapping[str, str] | None = None, *, query_end: bool = True) -> Allocation | None:
-        """The allocation of this process, or None outside a Slurm job."""
+        """The allocation of this process, or None outside a job."""
         env = os.environ if environ is None else environ
-        job_id = env.get("SLURM_JOB_ID")
+        scheduler = chosen()
+        environment = scheduler.environment
+        job_id = environment.job_id(env)
         if not job_id:
             return None
         gpus_here = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
         return cls(
             job_id=job_id,
-            partition=env.get("SLURM_JOB_PARTITION", ""),
-            nodes=slurm.expand_hostlist(env.get("SLURM_JOB_NODELIST", env.get("SLURMD_NODENAME", ""))),
+            partition=env.get(environment.PARTITION, ""),
+            nodes=scheduler.expand_hostlist(env.get(environment.NODES[0], env.get(environment.NODE_NAME, ""))),
             gpus_per_node=_gpus_per_node(env, gpus_here),
-            cpus_per_node=int(env.get("SLURM_CPUS_ON_NODE", "0") or 0),
-            tasks=int(env.get("SLURM_NTASKS", "1") or 1),
+            cpus_per_node=int(env.get(environment.CPUS_ON_NODE, "0") or 0),
+            tasks=int(env.get(environment.TASKS, "1") or 1),
             gpus_here=gpus_here,
             end_time=end_time(job_id, env) if query_end else None,
         )
@@ -67,16 +69,13 @@ class Allocation:
 
 
 def _gpus_per_node(env: Mapping[str, str], gpus_here: list[str]) -> int:
-    for key in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
-        value = env.get(key, "").split(":")[-1]
-        if value.isdigit():
-            return int(value)
-    return len(gpus_here)
+    found = chosen().environment.gpus_on_node(env)
+    return len(gpus_here) if found is None else found
 
 
 def end_time(job_id: str, env: Mapping[str, str] | None = None) -> dt.datetime | None:
-    """When Slurm's job ``job_id`` reaches its time limit, or None (no limit, or no record)."""
-    info = slurm.job_info(job_id, env)
+    """When job ``job_id`` reaches its time limit, or None (no limit, or no record)."""
+    info = chosen().job_info(job_id, env)
     end = (info or {}).get("EndTime", "")
     try:
         return dt.datetime.fromisoformat(end)
@@ -85,7 +84,7 @@ def end_time(job_id: str, env: Mapping[str, str] | None = None) -> dt.datetime |
 
 
 def walltime_signal(environ: Mapping[str, str] | None = None) -> float | None:
-    """When Slurm's walltime signal reached this job (its batch shell wrote the time down), or None: not yet,
+    """When the scheduler's walltime signal reached this job (its batch shell wrote the time down), or None: not yet,
     or not a notebook job that asked for one."""
     folder = (os.environ if environ is None else environ).get(JOB_STATE_VAR)
     if not folder:

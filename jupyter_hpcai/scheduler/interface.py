@@ -1,0 +1,150 @@
+"""What the project asks of a scheduler: the members an implementation (a module, e.g. ``slurm``) provides, and the
+types and words they answer in. Standard library only: a rank imports it too.
+
+A job's record is a dict under the keys of ``RECORD_KEYS``, its state one of Slurm's words (PENDING, RUNNING,
+COMPLETED...: ``TERMINAL_STATES`` are the ends), its times ``YYYY-MM-DDTHH:MM:SS`` and its time limit in
+``durations``' format: an implementation for another scheduler translates its own into these, as batchspawner's
+``state_ispending`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+# A record's keys, in the order an implementation may read them in: the two a user may set freely (Account, where
+# a site keeps no accounting, and StdOut, a path) come last, so that a separator in them moves nothing before them.
+RECORD_KEYS = ("JobId", "JobState", "UserName", "Partition", "TimeLimit", "StartTime", "EndTime", "NodeList",
+               "BatchHost", "ExitCode", "SubmitTime", "NumNodes", "TresPerNode", "Dependency", "Reason", "Account",
+               "StdOut")
+TERMINAL_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+     "REVOKED", "SPECIAL_EXIT"}
+)
+_USABLE_STATES = {"idle", "mixed", "allocated", "completing"}  # node states: it answers and can run jobs
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of the cluster."""
+
+    name: str
+    state: str  # long form, e.g. "idle", "mixed", "down*"
+    partitions: tuple[str, ...]
+    cpus: int
+    gpus: int
+
+    @property
+    def usable(self) -> bool:
+        """True when the node responds and accepts work."""
+        return self.state in _USABLE_STATES
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A partition (a queue) with what it can run now and at most."""
+
+    name: str
+    nodes: int
+    idle_nodes: int
+    gpus_per_node: int
+    idle_gpus: int
+    max_time: int | None  # seconds; None for no limit
+    default: bool = False
+
+
+class JobEnvironment(Protocol):
+    """A job as a process inside it sees it: the scheduler's variables, by what they mean (a module of names)."""
+
+    JOB_ID: str
+    NODE_NAME: str
+    PARTITION: str
+    ACCOUNT: str
+    NODES: tuple[str, ...]  # the job's nodes, as a hostlist; the first set wins
+    NUM_NODES: tuple[str, ...]
+    TASKS: str
+    RANK: str
+    LOCAL_RANK: str
+    NODE_INDEX: str
+    STEP_NODES: str
+    CPUS_PER_TASK: str
+    CPUS_ON_NODE: str
+    CONFIG: str  # where the client commands find the cluster: passed on to every job
+    PREFIXES: tuple[str, ...]  # a job's own variables: none belongs in another job's
+    STEP_PLACES: tuple[str, ...]  # what a step's task reads of its place
+
+    def job_id(self, env: Mapping[str, str]) -> str | None: ...
+    def node_name(self, env: Mapping[str, str]) -> str: ...
+    def first(self, env: Mapping[str, str], names: tuple[str, ...], default: str = "") -> str: ...
+    def tasks_per_node(self, env: Mapping[str, str]) -> list[int]: ...
+    def gpus_on_node(self, env: Mapping[str, str]) -> int | None: ...
+    def enter(self, env: MutableMapping[str, str], job: str, nodelist: str, partition: str, tasks_per_node: int,
+              nodes: int, account: str = "") -> dict[str, str]: ...
+    def leave(self, env: MutableMapping[str, str], entered: Mapping[str, str]) -> None: ...
+    def narrow(self, env: MutableMapping[str, str], nodelist: str, nodes: int, tasks: int) -> None: ...
+
+
+class ContainerClient(Protocol):
+    """The host's scheduler client inside a container: what to bind, and the wrappers that run it there."""
+
+    HOST_BIN: str  # the folder of wrappers, inside the container
+
+    def client_paths(self, environ: dict[str, str] | None = None) -> list[str]: ...
+    def host_client_binds(self) -> list[str]: ...
+    def write_wrappers(self, folder: Path) -> None: ...
+
+
+class Scheduler(Protocol):
+    """One scheduler. Where a member returns an argument list, its caller runs it (as the user, with their
+    environment); ``env`` is the environment a command runs with (None: this process's)."""
+
+    NAME: str
+    environment: JobEnvironment
+    client: ContainerClient
+
+    # -- the hub: submit, cancel, extend, records, partitions, the controller ------------------------------------
+    SUBMITTERS: tuple[str, ...]  # the commands the hub runs as each user (submit, test a submission, cancel)
+    PING: tuple[str, ...]  # whether the controller answers
+
+    def submit(self, args: list[str], env: Mapping[str, str] | None = None, timeout: float = 30,
+               script: str | None = None) -> int: ...
+    def test_only(self, args: Sequence[str]) -> list[str]: ...
+    def expected_start(self, answer: str) -> float | None: ...
+    def cancel_argv(self, job: int | str, *, user: str = "", name: str = "") -> list[str]: ...
+    def set_time_limit(self, job: int | str, limit: str) -> str: ...
+    def job_info(self, job_id: int | str, env: Mapping[str, str] | None = None) -> dict[str, str] | None: ...
+    def jobs_info(self, job_ids: Sequence[int | str],
+                  env: Mapping[str, str] | None = None) -> dict[str, dict[str, str]]: ...
+    def user_jobs(self, user: str, env: Mapping[str, str] | None = None) -> list[str]: ...
+    def follow_output(self, job_id: int | str, log: Path, on_line: Callable[[str], None],
+                      poll: float = 0.5) -> int: ...
+    def nodes(self, env: Mapping[str, str] | None = None) -> list[Node]: ...
+    def partitions(self, env: Mapping[str, str] | None = None) -> list[Partition]: ...
+    def shared_between_users(self, partition: str, env: Mapping[str, str] | None = None) -> str | None: ...
+    def node_address(self, name: str, env: Mapping[str, str] | None = None) -> str: ...
+    def node_addresses(self, names: list[str], env: Mapping[str, str] | None = None) -> dict[str, str]: ...
+    def expand_hostlist(self, hostlist: str) -> list[str]: ...
+    def gres_gpus(self, gres: str) -> int: ...
+
+    # -- batch scripts: their header and the lines that know the job -----------------------------------------------
+    JOB_ID_IN_SHELL: str  # the job's id, in its batch shell
+    JOB_ID_IN_ENVIRON: str  # a /proc/PID/environ line that makes a process this job's
+    WHOLE_ENVIRONMENT: str  # the line after which the job's steps get the whole environment of what starts them
+    DEFAULT_OUTPUT: str  # where a job's output goes when its script does not say ("%j": its id)
+    TASK_ENDED: str  # a regular expression: how a step says one of its tasks ended
+
+    def job_options(self, fields: Mapping[str, str | int], extra: Sequence[str]) -> list[str]: ...
+    def header(self, options: Sequence[str]) -> list[str]: ...
+    def node_address_in_shell(self, node: str = ...) -> str: ...
+    def export_node_addresses(self, variable: str) -> list[str]: ...
+    def rank_launch(self, nodes: int, ranks_per_node: int, argv: Sequence[str], *, survive: bool = False,
+                    output: str | None = None) -> str: ...
+
+    # -- a kernel in a job: steps beside its own, a job of its own, nodes given back --------------------------------
+    def step(self, *, nodes: int, tasks: int | None = None, per_node: int | None = None,
+             nodelist: Sequence[str] = (), mpi: bool = False, survive: bool = False, label: bool = False,
+             output: str | None = None, time: str | None = None) -> list[str]: ...
+    def job_of_its_own(self, fields: Mapping[str, str | int]) -> list[str]: ...
+    def narrow_argv(self, job: int | str, nodes: Sequence[str]) -> list[str]: ...

@@ -1,0 +1,78 @@
+"""The host's Slurm client inside a container (runs where a container env's kernel or ranks start): its programs,
+run with the host's loader and libraries through wrappers (whatever C library the image has), its config files and
+munge socket; nothing else of the host."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from . import environment
+
+HOST = "/.hpcai/host"  # the host's Slurm client: its programs, loader and libraries, bound at their host paths below
+HOST_BIN = "/.hpcai/bin"  # wrappers that run the host's srun, scontrol... inside the container
+SLURM_CLIENT = ("srun", "scontrol", "squeue", "sinfo", "scancel", "sbatch")
+# Where Slurm clients find their libraries and plugins, config and munge socket on common installations.
+SLURM_LIBS = ("/usr/lib64/slurm", "/usr/lib/slurm", "/usr/lib/x86_64-linux-gnu/slurm-wlm", "/usr/lib/x86_64-linux-gnu/slurm")
+SLURM_CONF_DIRS = ("/etc/slurm", "/etc/slurm-llnl")
+MUNGE_SOCKET = "/run/munge/munge.socket.2"
+SYSTEM_LIBS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
+               "/lib64", "/usr/lib64")
+_WRAPPER = """#!/bin/sh
+# {name} of the host, run with the host's loader and libraries (whatever C library the image has)
+H={host}
+exec $H{loader} --library-path {libs} $H{exe} "$@"
+"""
+
+
+def client_paths(environ: dict[str, str] | None = None) -> list[str]:
+    """Host paths the Slurm client needs inside the container, found on the node it runs on.
+
+    ``HPCAI_CONTAINER_SLURM_PATHS`` (colon-separated) when set; else the world-readable files beside
+    SLURM_CONF (slurm.conf and what it includes: never the folder, which may hold keys or state), the munge
+    socket slurm.conf names, the plugin folders, and the PMIx library that ``srun --mpi=pmix`` loads.
+    """
+    env = os.environ if environ is None else environ
+    if "HPCAI_CONTAINER_SLURM_PATHS" in env:
+        return [p for p in env["HPCAI_CONTAINER_SLURM_PATHS"].split(":") if p]
+    conf = Path(env.get(environment.CONFIG) or next((f"{d}/slurm.conf" for d in SLURM_CONF_DIRS
+                                                 if Path(d, "slurm.conf").exists()), "/etc/slurm/slurm.conf"))
+    configs = [str(f) for f in conf.parent.glob("*") if f.is_file() and f.stat().st_mode & 0o004] \
+        if conf.is_file() else []
+    named = re.search(r"^\s*AuthInfo=.*\bsocket=([^,\s]+)", conf.read_text(errors="replace"), re.M) \
+        if conf.is_file() else None
+    socket = named.group(1) if named else MUNGE_SOCKET
+    pmix = [str(p) for p in Path("/usr/lib").glob("*/pmix*/lib/libpmix.so")]
+    return sorted({p for p in (*configs, socket, *SLURM_LIBS, *pmix) if Path(p).exists()})
+
+
+def _host_client() -> tuple[str | None, list[str], dict[str, str]]:
+    """The host's loader, library folders and Slurm programs, as resolved host paths (what the wrappers run)."""
+    loader = next((str(Path(p).resolve()) for p in ("/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1")
+                   if Path(p).exists()), None)
+    libs = list(dict.fromkeys(str(Path(d).resolve()) for d in (*SLURM_LIBS, *SYSTEM_LIBS) if Path(d).is_dir()))
+    programs = {name: str(Path(exe).resolve()) for name in SLURM_CLIENT if (exe := shutil.which(name))}
+    return loader, libs, programs
+
+
+def host_client_binds() -> list[str]:
+    """Binds for the host's Slurm client under HOST: its loader, library folders and programs, nothing else."""
+    loader, libs, programs = _host_client()
+    paths = [*libs, *([loader] if loader else []), *programs.values()]
+    inside_a_lib = [p for p in paths if any(p.startswith(f"{d}/") for d in libs)]
+    return [f"{p}:{HOST}{p}" for p in dict.fromkeys(paths) if p not in inside_a_lib]
+
+
+def write_wrappers(folder: Path) -> None:
+    """sh wrappers that run the host's Slurm client from inside the container (see the module doc)."""
+    folder.mkdir()
+    loader, libs, programs = _host_client()
+    if loader is None:
+        return
+    for name, exe in programs.items():
+        wrapper = folder / name
+        wrapper.write_text(_WRAPPER.format(name=name, host=HOST, loader=loader, libs=":".join(f"$H{d}" for d in libs),
+                                           exe=exe))
+        wrapper.chmod(0o755)
