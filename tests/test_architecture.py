@@ -186,9 +186,9 @@ SLURM = SCHEDULER / "slurm"  # everything this project knows of Slurm
 SCHEDULER_COMMANDS = {"srun", "sbatch", "squeue", "scontrol", "scancel", "sinfo", "salloc", "sacct", "sacctmgr",
                       "sdiag", "sstat"}
 SCHEDULER_VARIABLE = re.compile(r"\b(?:SLURMD?|SBATCH|SRUN|SALLOC)_[A-Z_]+")
-# a command line in a string (at its start, in $(...), after a pipe or a separator): the command, then an option
-# or a subcommand; prose that names a command ("sinfo lists no node") is not one
-SCHEDULER_LINE = re.compile(r"(?:^|\$\(|[|;&]\s*)(?P<command>%s)\s+(?:-|show\b|update\b|ping\b|hostnames\b)"
+# a command line in a string (at its start, in $(...), after a pipe, a separator or an f-string's {prefix}): the
+# command, then an option or a subcommand; prose that names a command ("sinfo lists no node") is not one
+SCHEDULER_LINE = re.compile(r"(?:^|\$\(|[|;&]\s*|\}\s+)(?P<command>%s)\s+(?:-|show\b|update\b|ping\b|hostnames\b)"
                             % "|".join(SCHEDULER_COMMANDS))
 BEFORE_SEAM = "b157952"  # main before the scheduler had its seam (issue 56)
 
@@ -202,12 +202,17 @@ def _names_the_scheduler(source: str) -> list[str]:
             and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
     unpacked = {id(node.value) for node in ast.walk(tree)  # name, kind = "srun", True: values, not a command
                 if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple)}
+    pieces = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}  # read whole
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
             if name := SCHEDULER_VARIABLE.search(node.value):
                 found.append(f"line {node.lineno} names {name.group()}")
-            elif line := SCHEDULER_LINE.search(node.value):
+            elif id(node) not in pieces and (line := SCHEDULER_LINE.search(node.value)):
+                found.append(f"line {node.lineno} runs {line['command']}")
+        if isinstance(node, ast.JoinedStr):  # f"{as_user} sbatch --test-only": its text, each value a {}
+            text = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+            if line := SCHEDULER_LINE.search(text):
                 found.append(f"line {node.lineno} runs {line['command']}")
         if isinstance(node, (ast.List, ast.Tuple)) and id(node) not in unpacked and node.elts \
                 and isinstance(node.elts[0], ast.Constant) and node.elts[0].value in SCHEDULER_COMMANDS:

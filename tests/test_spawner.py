@@ -69,6 +69,30 @@ def test_bad_options_name_the_field(raw: dict[str, str], field: str, message: st
     assert message in err.value.errors[field]
 
 
+def test_a_start_validates_its_options_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The form's check, then the start's and its two scripts' (the test submission's and the submission's): one
+    validation, where issue 56 counted four. Options that differ from the checked ones are validated again."""
+    from jupyter_hpcai.spawner import spawner as module
+
+    checked: list[dict[str, object]] = []
+
+    def counted(raw, *args):  # type: ignore[no-untyped-def]
+        checked.append(dict(raw))
+        return validate(raw, *args)
+
+    monkeypatch.setattr(module, "validate", counted)
+    monkeypatch.setattr(module.HPCSlurmSpawner, "_limits", lambda self: LIMITS)  # not sinfo: no cluster here
+    monkeypatch.setattr(module.HPCSlurmSpawner, "_environments", lambda self: {})
+    config = tmp_path / "jupyterhub_config.py"
+    config.write_text(f"c.HPCSlurmSpawner.profiles = {[p.model_dump() for p in PROFILES]!r}\n")
+    spawner = module.offline_spawner(config, "root")
+    spawner.user_options = asyncio.run(spawner.options_from_form({"profile": ["debug"], "nodes": ["1"]}))
+    first, again = spawner.job_script(), spawner.job_script()
+    assert len(checked) == 1 and first == again and "--partition=debug" in first
+    spawner.user_options = {**spawner.user_options, "walltime": "00:30:00"}  # not what the form's check returned
+    assert "--time=00:30:00" in spawner.job_script() and len(checked) == 2
+
+
 def test_start_estimates_in_words() -> None:
     from jupyter_hpcai.spawner.estimates import Estimate
 
@@ -421,8 +445,12 @@ def test_browser_spawn_form_to_jupyterlab(hub: Hub) -> None:
                                               "gpus_per_node": "1"},
                    f"{opened.split('/hub/')[1][:40]}...: jobs of hers {started or 'none'}; the form holds {filled}")
         assert page.inner_text("#hpcai-note").startswith("A link filled in this form; nothing has started")
+        logged = len(hub.log.read_text(errors="replace").splitlines())
         page.click("input[type=submit], button[type=submit]")
         page.wait_for_url(re.compile(rf".*/user/{USER}/lab.*"), timeout=180_000)
+        checks = [line for line in hub.log.read_text(errors="replace").splitlines()[logged:]
+                  if f"{USER}: options checked" in line]
+        assert len(checks) == 1, checks  # the form's check; the start and its two scripts use it (issue 56: four)
         page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
         page.screenshot(path=str(ARTIFACTS / "jupyterlab-after-spawn.png"))
         browser.close()

@@ -154,7 +154,8 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     # the form's last rejected submission (or a link's choices), shown again with a message per field
     _rejected: tuple[dict[str, str], dict[str, str]] | None = None
     _from_link = False  # those choices came with a link (options_from_query): the form says nothing started
-    _options: SpawnOptions | None = None  # validated at the last start: what its job was submitted with
+    _options: SpawnOptions | None = None  # validated at the last start: what its job was submitted with (extend)
+    _validated: tuple[dict[str, Any], SpawnOptions, Profile] | None = None  # the last check (_validate), until its start
     _cut_off = False  # loaded from a state a start saved before it finished: that hub stopped mid-start
 
     @default("options_form")
@@ -173,7 +174,19 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         return dict(self.environments) or self.queries.site_environments()
 
     def _validate(self, raw: dict[str, Any]) -> tuple[SpawnOptions, Profile]:
-        return validate(raw, self._profiles(), self._limits(), self._environments())
+        """``raw`` checked against the profiles, the limits and the environments, and remembered: the start that
+        follows (its check, its two scripts) uses these, and validates again only options that differ."""
+        options, profile = validate(raw, self._profiles(), self._limits(), self._environments())
+        self._validated = (options.model_dump(), options, profile)
+        self.log.info("%s: options checked: %s", self._log_name, self._validated[0])
+        return options, profile
+
+    def _valid(self) -> tuple[SpawnOptions, Profile]:
+        """user_options, validated once per start (_validate): the form's check, if they are what it returned."""
+        raw = self.user_options or {}
+        if self._validated is not None and self._validated[0] == raw:
+            return self._validated[1], self._validated[2]
+        return self._validate(raw)
 
     async def current_limits(self) -> dict[str, Limit]:
         return await asyncio.to_thread(self._limits)
@@ -218,7 +231,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
     # -- the batch script ------------------------------------------------------------------
     def job_script(self) -> str:
         """The script this spawner would submit for its user_options (also `hpcai spawner preview`)."""
-        options, profile = self._validate(self.user_options or {})
+        options, profile = self._valid()
         cmd = [self.launcher(), *self.cmd, *self.get_args()]
         if options.environment:
             cmd.append(f"--MappingKernelManager.default_kernel_name=hpcai-{options.environment.lower()}")
@@ -294,26 +307,14 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         self.check_account()
         self._check_share()
         try:
-            self._options, _ = await asyncio.to_thread(self._validate, self.user_options or {})
+            self._options, _ = await asyncio.to_thread(self._valid)
         except OptionsError as err:
             raise _refused(400, err) from None
         self._held_for, self._held_seen = 0.0, None
-        async with self.queries.submission(self.user.name, self):
-            as_user = self.exec_prefix.format(username=self.user.name)
-            try:  # Slurm writes the log only into a folder that exists: the user makes it (root never does, there)
-                await self.run_command(f"{as_user} install -d -m 0700 -- {shlex.quote(self.job_log_folder())}",
-                                       timeout=10)
-            except RuntimeError as err:
-                raise _refused(500, HPCAIError(f"could not make the job log folder {self.job_log_folder()} as "
-                                               f"{self.user.name}: {err}", "tell the site's admins")) from None
-            try:
-                await self.run_command(f"{as_user} sbatch --test-only", input=await asyncio.to_thread(self.job_script),
-                                       env=self.get_env())
-            except RuntimeError as err:
-                raise _refused(400, HPCAIError(
-                    f"the scheduler would not run this request: {str(err).removeprefix('sbatch: error: ')}",
-                    "pick another partition, fewer nodes or GPUs, or a shorter walltime")) from None
-            await self.submit_batch_script()
+        try:
+            await self._submit()
+        finally:  # the next start checks its options again: the limits or the site's environments may have changed
+            self._validated = None
         # only this job waits for that one: a later start of this server neither waits nor gets its longer timeout
         self.follows, self.start_timeout = "", self._start_timeout
         if not self.job_id:
@@ -332,6 +333,27 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             await asyncio.sleep(self.startup_poll_interval)
         await self._wait_until_listening()
         return self.ip, self.port
+
+    async def _submit(self) -> None:
+        """Make the user's job log folder, ask the scheduler whether it would run the script, then submit it: in the
+        hub's submission queue (a place per start, shown on its spawn page)."""
+        async with self.queries.submission(self.user.name, self):
+            as_user = self.exec_prefix.format(username=self.user.name)
+            try:  # Slurm writes the log only into a folder that exists: the user makes it (root never does, there)
+                await self.run_command(f"{as_user} install -d -m 0700 -- {shlex.quote(self.job_log_folder())}",
+                                       timeout=10)
+            except RuntimeError as err:
+                raise _refused(500, HPCAIError(f"could not make the job log folder {self.job_log_folder()} as "
+                                               f"{self.user.name}: {err}", "tell the site's admins")) from None
+            try:
+                await self.run_command(f"{as_user} {shlex.join(scheduler.test_script())}", input=await asyncio.to_thread(self.job_script),
+                                       env=self.get_env())
+            except RuntimeError as err:
+                said = re.sub(r"^[\w-]+: error: ", "", str(err))  # the command's own prefix ("sbatch: error: ")
+                raise _refused(400, HPCAIError(
+                    f"the scheduler would not run this request: {said}",
+                    "pick another partition, fewer nodes or GPUs, or a shorter walltime")) from None
+            await self.submit_batch_script()
 
     def _check_share(self) -> None:
         """Refuse (429) a start over its user's share: more than hub_api_per_minute starts a minute (every start asked
@@ -602,7 +624,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         """Add ``seconds`` to the running job's time limit within ``extend_max_walltime`` (the hub runs scontrol:
         users cannot raise their own limit); the job's new limit and end. The policy refuses first, before any
         question to Slurm; then the job's record as it is now (the cycle's query may predate the last extend)."""
-        options = self._options or (await asyncio.to_thread(self._validate, self.user_options or {}))[0]
+        options = self._options or (await asyncio.to_thread(self._valid))[0]  # a hub restarted since its start
         extend.allowed(self.extend_max_walltime, options.partition)
         info = await self.queries.fresh_job_info(self.job_id) or {}
         if info.get("JobState") != "RUNNING":

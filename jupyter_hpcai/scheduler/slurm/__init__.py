@@ -8,7 +8,8 @@ from __future__ import annotations
 from . import client, environment
 from .commands import (PING, SUBMITTERS, cancel_argv, expand_hostlist, expected_start, follow_output, gres_gpus,
                        job_info, job_of_its_own, jobs_info, narrow_argv, node_address, node_addresses, nodes,
-                       partitions, set_time_limit, shared_between_users, step, submit, test_only, user_jobs)
+                       partitions, set_time_limit, shared_between_users, step, submit, test_only, test_script,
+                       user_jobs)
 from .script import (DEFAULT_OUTPUT, JOB_ID_IN_ENVIRON, JOB_ID_IN_SHELL, TASK_ENDED, WHOLE_ENVIRONMENT,
                      export_node_addresses, header, job_options, node_address_in_shell, rank_launch)
 
@@ -19,4 +20,5 @@ __all__ = ["DEFAULT_OUTPUT", "JOB_ID_IN_ENVIRON", "JOB_ID_IN_SHELL", "NAME", "PI
            "cancel_argv", "client", "environment", "expand_hostlist", "expected_start", "export_node_addresses",
            "follow_output", "gres_gpus", "header", "job_info", "job_of_its_own", "job_options", "jobs_info",
            "narrow_argv", "node_address", "node_address_in_shell", "node_addresses", "nodes", "partitions",
-           "rank_launch", "set_time_limit", "shared_between_users", "step", "submit", "test_only", "user_jobs"]
+           "rank_launch", "set_time_limit", "shared_between_users", "step", "submit", "test_only", "test_script",
+           "user_jobs"]

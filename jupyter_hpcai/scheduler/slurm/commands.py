@@ -213,6 +213,11 @@ def test_only(args: Sequence[str]) -> list[str]:
     return ["sbatch", "--test-only", *args, "--wrap", "true"]
 
 
+def test_script() -> list[str]:
+    """The test of a job script read from stdin (sbatch --test-only): what the scheduler would do with it."""
+    return ["sbatch", "--test-only"]
+
+
 def cancel_argv(job: int | str, *, user: str = "", name: str = "") -> list[str]:
     """Cancel ``job``; only if it is ``user``'s and named ``name``, where given (an id given out again is spared)."""
     return ["scancel", *([f"--user={user}"] if user else []), *([f"--name={name}"] if name else []), str(job)]
