@@ -163,7 +163,7 @@ REST_AFTER = "HPCAI_REST_AFTER"
 
 # --- the job's server and the hub ------------------------------------------------------------------------------------
 # Before the hub routes a user to the port their server reported, it asks there for a proof that the answer comes from
-# the server holding that spawner's token (spawner.py _wait_until_listening, server/handlers.py IdentityHandler).
+# the server holding that spawner's token (spawner/liveness.py _wait_until_listening, server/handlers.py IdentityHandler).
 IDENTITY_PATH = "hpcai/api/identity"  # under the server's base URL: GET ?nonce=<32 hex digits> -> {"proof": ...}
 
 

@@ -19,7 +19,8 @@ from .errors import HPCAIError
 from .scheduler import chosen
 from .siteinit import local_name
 from .spawner import compat
-from .spawner.spawner import command_env, offline_spawner
+from .spawner.as_user import command_env
+from .spawner.spawner import offline_spawner
 
 scheduler = chosen()
 environment = chosen().environment

@@ -3,6 +3,7 @@ what to use instead; none is accepted and ignored (an admin moving from batchspa
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -28,6 +29,25 @@ def test_every_batchspawner_setting_is_mapped_or_refused() -> None:
     names = {n for n in SlurmSpawner.class_trait_names(config=True)
              if n.startswith(("req_", "batch_", "state_")) or n == "exec_prefix"}
     assert names - {*compat.SBATCH, *compat.USED, *compat.REFUSED} == set()
+
+
+def _replaced(cls: type) -> set[str]:
+    """The methods and settings of batchspawner's SlurmSpawner (JupyterHub's Spawner's among them) that a method of
+    ``cls`` or of its other bases (the mixins) defines again."""
+    theirs = {name for base in SlurmSpawner.__mro__ for name in vars(base)}
+    ours = {name for base in cls.__mro__ if base not in SlurmSpawner.__mro__
+            for name, value in vars(base).items() if inspect.isfunction(value)}
+    return ours & theirs
+
+
+def test_the_spawner_says_in_one_place_which_of_batchspawners_methods_it_replaces() -> None:
+    assert "start" in _replaced(HPCSlurmSpawner) and "poll" in _replaced(HPCSlurmSpawner)  # the walk finds them
+    assert _replaced(HPCSlurmSpawner) == set(HPCSlurmSpawner.REPLACES), "HPCSlurmSpawner.REPLACES is not the list"
+
+    class Stopping(HPCSlurmSpawner):  # control: one more replaced method, not in the list
+        async def stop(self, now: bool = False) -> None: ...
+
+    assert _replaced(Stopping) - set(Stopping.REPLACES) == {"stop"}
 
 
 def test_a_hub_config_must_register_our_api_and_never_gets_batchspawners() -> None:

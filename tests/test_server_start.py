@@ -29,7 +29,7 @@ from helpers.record import attack
 from helpers.sockets import Listener, listeners
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
-from jupyter_hpcai.spawner import spawner as spawner_module
+from jupyter_hpcai.spawner import liveness
 from jupyter_hpcai.spawner.spawner import offline_spawner
 
 LAUNCHER = str(Path(sys.executable).parent / "hpcai-singleuser")
@@ -248,7 +248,7 @@ def test_the_hub_routes_only_to_the_server_that_proves_its_token(hub: FakeHub, t
     when bob answers there, or when Slurm no longer says the job runs (COMPLETING, requeued: its port is free to
     take); after SILENT_FOR (shortened here) when nothing listens or bob holds the port and stays silent on the
     probe. Controls: her real server passes both checks; a suspended or stopped job is kept, not probed."""
-    monkeypatch.setattr(spawner_module, "SILENT_FOR", 1.0)
+    monkeypatch.setattr(liveness, "SILENT_FOR", 1.0)
     conf = tmp_path / "conf.py"
     conf.write_text(f"c = get_config()\nload_subconfig({str(DEMO)!r})\n")
     spawner = offline_spawner(conf, "alice")

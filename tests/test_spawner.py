@@ -72,7 +72,7 @@ def test_bad_options_name_the_field(raw: dict[str, str], field: str, message: st
 def test_a_start_validates_its_options_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The form's check, then the start's and its two scripts' (the test submission's and the submission's): one
     validation, where issue 56 counted four. Options that differ from the checked ones are validated again."""
-    from jupyter_hpcai.spawner import spawner as module
+    from jupyter_hpcai.spawner import form, spawner as module
 
     checked: list[dict[str, object]] = []
 
@@ -80,7 +80,7 @@ def test_a_start_validates_its_options_once(tmp_path: Path, monkeypatch: pytest.
         checked.append(dict(raw))
         return validate(raw, *args)
 
-    monkeypatch.setattr(module, "validate", counted)
+    monkeypatch.setattr(form, "validate", counted)
     monkeypatch.setattr(module.HPCSlurmSpawner, "_limits", lambda self: LIMITS)  # not sinfo: no cluster here
     monkeypatch.setattr(module.HPCSlurmSpawner, "_environments", lambda self: {})
     config = tmp_path / "jupyterhub_config.py"

@@ -55,7 +55,7 @@ REFUSED = {
     "apply_user_options": "profiles and the form: options are validated whole by HPCSlurmSpawner",
 }
 # What the hub writes into every job script itself: an admin's option may not change it, or the job would differ
-# from the one the hub tracks and extends (spawner.as_submitted), or its log go elsewhere.
+# from the one the hub tracks and extends (extend.as_submitted), or its log go elsewhere.
 OWN_OPTIONS = ("--output", "--error", "--nodes", "--partition", "--gres", "--account", "--time", "--export",
                "--chdir", "--dependency", "--signal", "--job-name", "--ntasks-per-node")
 OWN_SHORT = ("-o", "-e", "-N", "-p", "-A", "-t", "-D", "-d", "-J", "-G")  # the same, short (a value may follow)

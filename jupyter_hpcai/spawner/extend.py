@@ -1,14 +1,20 @@
-"""The site's policy for more walltime on a running notebook job (runs in the hub): users cannot raise their own
-job's time limit in Slurm, the hub (root) can, within ``HPCSlurmSpawner.extend_max_walltime``. The request comes
-through hub_api.py; ``HPCSlurmSpawner.extend`` applies it.
+"""More walltime for a running notebook job (runs in the hub): users cannot raise their own job's time limit in the
+scheduler, the hub (root) can, within the site's policy, ``HPCSlurmSpawner.extend_max_walltime``. The request comes
+through hub_api.py; ``JobExtension.extend`` (a mixin of the spawner) applies it, to the job as the hub submitted it.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
+from typing import Any
 
 from ..errors import HPCAIError
-from ..scheduler.durations import format_duration, parse_duration
+from ..scheduler import chosen
+from ..scheduler.durations import format_duration, later, parse_duration
+from .options import SpawnOptions
+
+scheduler = chosen()
 
 
 def allowed(policy: Mapping[str, str], partition: str) -> int:
@@ -40,3 +46,46 @@ def new_limit(policy: Mapping[str, str], partition: str, limit: int, add: int, s
                          f"ask for at most {format_duration(room)} more" if room >= 60 else
                          "the job is at its longest: save your work (%hpc checkpoint) and %hpc continue")
     return wanted
+
+
+class JobExtension:
+    """A mixin of HPCSlurmSpawner: ``extend``, which the hub's extend endpoint calls."""
+
+    async def extend(self, seconds: int) -> dict[str, Any]:
+        """Add ``seconds`` to the running job's time limit within ``extend_max_walltime`` (the hub runs scontrol:
+        users cannot raise their own limit); the job's new limit and end. The policy refuses first, before any
+        question to Slurm; then the job's record as it is now (the cycle's query may predate the last extend)."""
+        options = self._options or (await asyncio.to_thread(self._valid))[0]  # a hub restarted since its start
+        allowed(self.extend_max_walltime, options.partition)
+        info = await self.queries.fresh_job_info(self.job_id) or {}
+        if info.get("JobState") != "RUNNING":
+            raise HPCAIError(f"job {self.job_id} is not running ({info.get('JobState', 'gone')})",
+                             "only a running notebook job can be extended")
+        if changed := as_submitted(info, options, self.user.name):
+            # its owner changed it (scontrol update Partition=, NumNodes=, Account= while pending, or a script
+            # swapped in sbatch's stdin), or it is not this user's job: the policy was decided for the job submitted
+            raise HPCAIError(f"job {self.job_id} is not the job the hub submitted for {self.user.name}: "
+                             + "; ".join(changed), "only a notebook job as the hub submitted it can be extended")
+        partition, old = options.partition, parse_duration(info.get("TimeLimit", "")) or 0
+        limits = (await self.current_limits()).get(partition)
+        wanted = new_limit(self.extend_max_walltime, partition, old, seconds,
+                                  limits.max_walltime if limits else None)
+        limit = format_duration(wanted)
+        await self.run_command(scheduler.set_time_limit(self.job_id, limit))
+        self.log.info("Extended job %s of %s by %s s to %s", self.job_id, self.user.name, seconds, limit)
+        # the end moves by what the limit grew (Slurm's EndTime: the start, the limit and any time suspended)
+        return {"job_id": self.job_id, "time_limit": limit,
+                "end_time": later(info.get("EndTime", ""), wanted - old)}
+
+
+def as_submitted(info: dict[str, str], options: SpawnOptions, user: str) -> list[str]:
+    """How the scheduler's record of a job differs from the job the hub submitted for ``user`` with ``options`` (its
+    owner, partition, nodes, GPUs per node and account); nothing when it is that job."""
+    wanted = {"owner": user, "partition": options.partition, "nodes": str(options.nodes),
+              "GPUs per node": str(options.gpus_per_node), "account": options.account or info.get("Account", "")}
+    found = {"owner": info.get("UserName", ""), "partition": info.get("Partition", ""),
+             "nodes": info.get("NumNodes", ""), "GPUs per node": str(scheduler.gres_gpus(info.get("TresPerNode", ""))),
+             "account": info.get("Account", "")}
+    # Slurm keeps account names in lower case
+    return [f"{what} {found[what] or '(none)'}, submitted {wanted[what]}" for what in wanted
+            if found[what].lower() != wanted[what].lower()]

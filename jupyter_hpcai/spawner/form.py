@@ -4,11 +4,18 @@ fragment, which no server sees: following a link never starts a server, whoever 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shlex
+import time
 from collections.abc import Mapping
 from html import escape
+from typing import Any
 
-from .options import FIELDS, Limit, Profile
+from tornado.web import HTTPError
+
+from .as_user import command_env
+from .options import FIELDS, Limit, OptionsError, Profile, SpawnOptions, merge_limits, validate
 
 STYLE = """<style>
 .hpcai-form .form-group{margin-bottom:.6em}.hpcai-form .hpcai-error{color:#b00020;font-weight:600}
@@ -101,3 +108,78 @@ def render(profiles: list[Profile], limits: Mapping[str, Limit], environments: M
 def _defaults(profile: Profile) -> dict[str, str]:
     return {k: str(v) for k, v in profile.model_dump(include={"partition", "nodes", "gpus_per_node", "walltime",
                                                               "account", "environment"}).items()}
+
+
+class SpawnForm:
+    """A mixin of HPCSlurmSpawner: the form rendered with the limits and the estimates, the form's or a link's values
+    read, and a start's options validated once (``_valid``)."""
+
+    # the form's last rejected submission (or a link's choices), shown again with a message per field
+    _rejected: tuple[dict[str, str], dict[str, str]] | None = None
+    _from_link = False  # those choices came with a link (options_from_query): the form says nothing started
+    _validated: tuple[dict[str, Any], SpawnOptions, Profile] | None = None  # the last check (_validate), until its start
+
+    def _profiles(self) -> list[Profile]:
+        return [Profile(**p) for p in self.profiles]
+
+    def _limits(self) -> dict[str, Limit]:
+        """The scheduler's partition limits (cached), narrowed by the admin's."""
+        return merge_limits(self.queries.partitions(), self.limits, list(self.partitions) or None)
+
+    def _environments(self) -> dict[str, str]:
+        return dict(self.environments) or self.queries.site_environments()
+
+    def _validate(self, raw: dict[str, Any]) -> tuple[SpawnOptions, Profile]:
+        """``raw`` checked against the profiles, the limits and the environments, and remembered: the start that
+        follows (its check, its two scripts) uses these, and validates again only options that differ."""
+        options, profile = validate(raw, self._profiles(), self._limits(), self._environments())
+        self._validated = (options.model_dump(), options, profile)
+        self.log.info("%s: options checked: %s", self._log_name, self._validated[0])
+        return options, profile
+
+    def _valid(self) -> tuple[SpawnOptions, Profile]:
+        """user_options, validated once per start (_validate): the form's check, if they are what it returned."""
+        raw = self.user_options or {}
+        if self._validated is not None and self._validated[0] == raw:
+            return self._validated[1], self._validated[2]
+        return self._validate(raw)
+
+    async def current_limits(self) -> dict[str, Limit]:
+        return await asyncio.to_thread(self._limits)
+
+    async def _render_form(self, spawner: Any = None) -> str:
+        self.check_account()  # the estimates run sbatch as this user: never for an account the site refuses
+        values, errors = self._rejected or ({}, {})
+        note = FROM_LINK if self._from_link else ""
+        self._rejected, self._from_link = None, False
+        environments = await asyncio.to_thread(self._environments)
+        profiles = self._profiles()
+        said: dict[str, str] = {}
+        if self.start_estimates:  # at most estimates.WAIT seconds more for the form; else the last ones
+            prefix = shlex.split(self.exec_prefix.format(username=self.user.name))
+            found = await self.queries.start_estimates(self.user.name, prefix, profiles, command_env())
+            now = time.time()
+            said = {name: e.words(now) for name, e in found.items()}
+        return render(profiles, await self.current_limits(), environments, values, errors, said, note)
+
+    async def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
+        """The form's values, validated (sinfo and the site envs' scan run off the event loop)."""
+        return await asyncio.to_thread(self._checked, {k: v[0] for k, v in formdata.items() if v}, True)
+
+    async def options_from_query(self, query: dict[str, list[str]]) -> dict[str, Any]:
+        """A link's choices fill the form, and never start a server: whoever follows a link (another site's, or a
+        message's) presses Start themselves, after reading what it asks for and whom it charges."""
+        self._rejected = ({k: v[0] for k, v in query.items() if k in FIELDS and v}, {})
+        self._from_link = True
+        refusal = HTTPError(400, log_message="a spawn link's choices were put in the form, not started")
+        refusal.jupyterhub_message = None  # type: ignore[attr-defined]  # the form says why, not "Error: ..."
+        raise refusal
+
+    def _checked(self, raw: dict[str, Any], remember: bool = False) -> dict[str, Any]:
+        try:
+            options, _ = self._validate(raw)
+        except OptionsError as err:
+            if remember:
+                self._rejected = ({k: str(v) for k, v in raw.items()}, err.errors)
+            raise
+        return options.model_dump()

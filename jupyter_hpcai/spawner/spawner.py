@@ -4,53 +4,36 @@ jobs with one server on the first node, honest progress and failure reasons."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hmac
 import ipaddress
-import os
 import pwd
 import re
-import secrets
-import shlex
-import signal
 import socket
-import time
 from pathlib import Path
 from typing import Any, ClassVar
 
 from batchspawner import JobStatus, SlurmSpawner
-from jupyterhub.utils import url_path_join
-from tornado.httpclient import HTTPClientError
-from tornado.iostream import StreamClosedError
-from tornado.simple_httpclient import SimpleAsyncHTTPClient
-from tornado.web import HTTPError
 from traitlets import Bool, Dict, Float, Integer, List, Set, Unicode, default
 
-from ..contract import IDENTITY_PATH, identity_proof, token_digest
+from ..contract import token_digest
 from ..envs import EnvStore, open_env
 from ..errors import HPCAIError
 from ..scheduler import chosen
-from ..scheduler.durations import format_duration, later, parse_duration
 from ..scheduler.interface import TERMINAL_STATES
-from . import compat, extend, form, script
-from .fairness import SHARES, TooMany
-from .options import FIELDS, Limit, OptionsError, Profile, SpawnOptions, merge_limits, validate
-from .progress import Feed, pending_message
+from . import compat, script
+from .extend import JobExtension
+from .fairness import StartShare
+from .form import SpawnForm
+from .liveness import ServerCheck
+from .options import OptionsError, SpawnOptions
+from .progress import StartProgress
 from .queries import QuerySettings, SharedQueries
+from .refusal import refused
+from .submission import Submission
 
 scheduler = chosen()
 environment = chosen().environment
 
-LOG_TAIL_BYTES = 8192  # of a failed job's log, shown on the spawn page
 LAUNCHER = "hpcai-singleuser"  # the job's server start (server/singleuser.py)
-IDENTITY_BYTES = 4096  # of the answer to the hub's identity check
-SILENT_FOR = 300.0  # seconds without a proof from a running server's port before its job is ended
-HOLDS_ITS_PORT = ("SUSPENDED", "STOPPED", "RESIZING", "SIGNALING")  # a started job's processes live on: not probed
-PROBE_EVERY = 10.0  # seconds: a running server's port is asked at most this often, however many polls want it
-OWNER_WAITS = ("JobHeldUser", "BeginTime")  # a waiting job's reasons that are its owner's doing (held_start_timeout)
-# All a command the hub runs as a user gets of the hub's own environment (which holds the hub's secrets, and
-# which sudo -E would pass on for the user to read in /proc): nothing but where the programs and Slurm are.
-COMMAND_ENV = ("PATH", "LANG", "LC_ALL", environment.CONFIG)
 
 
 def site_environments() -> dict[str, str]:
@@ -68,8 +51,39 @@ def site_environments() -> dict[str, str]:
     return found
 
 
-class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
-    """Notebook servers as Slurm jobs on GPU nodes, configured by profiles."""
+class HPCSlurmSpawner(SpawnForm, Submission, StartShare, ServerCheck, StartProgress, JobExtension,
+                      SlurmSpawner):  # type: ignore[misc]
+    """Notebook servers as scheduler jobs on GPU nodes, configured by profiles. Its parts, one job each: the form and
+    the options validated once (form.py), the submission (submission.py), the user's share of starts
+    (fairness.py), the check that the server on the job's port is the user's (liveness.py), what a start says
+    (progress.py), and extend (extend.py); this class holds the settings, a start's and a job's life, and the
+    state a restarted hub reads. ``REPLACES``: which of batchspawner's methods it replaces, and why."""
+
+    REPLACES: ClassVar[dict[str, str]] = {  # batchspawner's methods (and JupyterHub's Spawner's) this replaces
+        "__init__": "keeps the configured start_timeout: a follow-up's wait is added to it, never stacked",
+        "options_from_form": "the form's values validated, once for the start that follows (form.py)",
+        "options_from_query": "a link's choices fill the form and never start a server (form.py)",
+        "_get_batch_script": "the one job script (script.py), not batchspawner's template, made off the event loop "
+                             "(submission.py)",
+        "run_command": "argument lists, never a shell; only COMMAND_ENV of the hub's environment; nothing of a "
+                       "command outlives its call (submission.py, as_user.py)",
+        "submit_batch_script": "no log line holding the environment (the server's token) or sbatch's output, which "
+                               "is the user's to write (submission.py)",
+        "parse_job_id": "exactly one line, a job id: anything else is refused, never read for a number "
+                        "(submission.py)",
+        "start": "the account policy, the user's share of starts, the options validated once, the log folder made "
+                 "as the user, the scheduler's test first, the job's owner checked, a long hold cancelled, and the "
+                 "server's identity proven before the hub routes to it",
+        "poll": "a start a hub restart cut off is cancelled; a job whose server is gone from its port ends its route "
+                "(liveness.py)",
+        "query_job_status": "the hub's shared watcher (one query per cycle for every spawner), states read by name, "
+                            "a failed query keeping the job",
+        "state_gethost": "the node's address as the scheduler knows it, as one IP address",
+        "progress": "the pending reason in words and the queue place, made once for every page (progress.py)",
+        "get_state": "saves the digest of the server's token, and a start's 'starting' mark",
+        "load_state": "reads them back: a restarted hub checks the server and cancels a start it cut off",
+        "clear_state": "forgets the digest and the last proof with the job",
+    }
 
     profiles = List(Dict(), config=True, help="""Profiles users pick from: dicts with name, partition, nodes,
         gpus_per_node, walltime, account, environment and extra_sbatch (a list of admin-only sbatch options).""")
@@ -126,15 +140,7 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         everyone while it waits. 0: held as long as the start_timeout allows.""")
 
     _token_digest = ""  # the saved digest of the server's token (load_state), for a hub that restarted
-    _last_proof = 0.0  # time.monotonic() of the running server's last proof (or of this hub's first look)
     _queries: ClassVar[SharedQueries | None] = None  # the hub's one, made by the first spawner that asks
-    _reason = ""  # Slurm's reason for the job's state, at the last query
-    _held_for = 0.0  # seconds this start's job has waited for its owner (_held), up to the last look
-    _held_seen: float | None = None  # time.monotonic() of the last look, where it was waiting for its owner then
-    _feed: Feed | None = None  # this start's spawn-page events, made once for every stream that reads them
-    _report: tuple[str, asyncio.Future[str]] | None = None  # (job id, its failure report), made once per job
-    _admitted = False  # this start passed the user's share (_check_share): it counts against their next ones
-    _probing: tuple[float, tuple[str, int], asyncio.Future[str]] | None = None  # the last probe: when, where, answer
     _cancelling: asyncio.Future[bool] | None = None  # the cancel in flight
 
     def __init__(self, **kwargs: Any) -> None:
@@ -151,82 +157,12 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
             HPCSlurmSpawner._queries = SharedQueries(settings, site_environments)
         return HPCSlurmSpawner._queries
 
-    # the form's last rejected submission (or a link's choices), shown again with a message per field
-    _rejected: tuple[dict[str, str], dict[str, str]] | None = None
-    _from_link = False  # those choices came with a link (options_from_query): the form says nothing started
     _options: SpawnOptions | None = None  # validated at the last start: what its job was submitted with (extend)
-    _validated: tuple[dict[str, Any], SpawnOptions, Profile] | None = None  # the last check (_validate), until its start
     _cut_off = False  # loaded from a state a start saved before it finished: that hub stopped mid-start
 
     @default("options_form")
     def _default_options_form(self) -> Any:
         return self._render_form
-
-    # -- options ---------------------------------------------------------------------------
-    def _profiles(self) -> list[Profile]:
-        return [Profile(**p) for p in self.profiles]
-
-    def _limits(self) -> dict[str, Limit]:
-        """The scheduler's partition limits (cached), narrowed by the admin's."""
-        return merge_limits(self.queries.partitions(), self.limits, list(self.partitions) or None)
-
-    def _environments(self) -> dict[str, str]:
-        return dict(self.environments) or self.queries.site_environments()
-
-    def _validate(self, raw: dict[str, Any]) -> tuple[SpawnOptions, Profile]:
-        """``raw`` checked against the profiles, the limits and the environments, and remembered: the start that
-        follows (its check, its two scripts) uses these, and validates again only options that differ."""
-        options, profile = validate(raw, self._profiles(), self._limits(), self._environments())
-        self._validated = (options.model_dump(), options, profile)
-        self.log.info("%s: options checked: %s", self._log_name, self._validated[0])
-        return options, profile
-
-    def _valid(self) -> tuple[SpawnOptions, Profile]:
-        """user_options, validated once per start (_validate): the form's check, if they are what it returned."""
-        raw = self.user_options or {}
-        if self._validated is not None and self._validated[0] == raw:
-            return self._validated[1], self._validated[2]
-        return self._validate(raw)
-
-    async def current_limits(self) -> dict[str, Limit]:
-        return await asyncio.to_thread(self._limits)
-
-    async def _render_form(self, spawner: Any = None) -> str:
-        self.check_account()  # the estimates run sbatch as this user: never for an account the site refuses
-        values, errors = self._rejected or ({}, {})
-        note = form.FROM_LINK if self._from_link else ""
-        self._rejected, self._from_link = None, False
-        environments = await asyncio.to_thread(self._environments)
-        profiles = self._profiles()
-        said: dict[str, str] = {}
-        if self.start_estimates:  # at most estimates.WAIT seconds more for the form; else the last ones
-            prefix = shlex.split(self.exec_prefix.format(username=self.user.name))
-            found = await self.queries.start_estimates(self.user.name, prefix, profiles, command_env())
-            now = time.time()
-            said = {name: e.words(now) for name, e in found.items()}
-        return form.render(profiles, await self.current_limits(), environments, values, errors, said, note)
-
-    async def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
-        """The form's values, validated (sinfo and the site envs' scan run off the event loop)."""
-        return await asyncio.to_thread(self._checked, {k: v[0] for k, v in formdata.items() if v}, True)
-
-    async def options_from_query(self, query: dict[str, list[str]]) -> dict[str, Any]:
-        """A link's choices fill the form, and never start a server: whoever follows a link (another site's, or a
-        message's) presses Start themselves, after reading what it asks for and whom it charges."""
-        self._rejected = ({k: v[0] for k, v in query.items() if k in FIELDS and v}, {})
-        self._from_link = True
-        refusal = HTTPError(400, log_message="a spawn link's choices were put in the form, not started")
-        refusal.jupyterhub_message = None  # type: ignore[attr-defined]  # the form says why, not "Error: ..."
-        raise refusal
-
-    def _checked(self, raw: dict[str, Any], remember: bool = False) -> dict[str, Any]:
-        try:
-            options, _ = self._validate(raw)
-        except OptionsError as err:
-            if remember:
-                self._rejected = ({k: str(v) for k, v in raw.items()}, err.errors)
-            raise
-        return options.model_dump()
 
     # -- the batch script ------------------------------------------------------------------
     def job_script(self) -> str:
@@ -269,33 +205,18 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         (uid below ``min_uid``) or one in ``denied_users``."""
         name = self.user.name
         if not re.fullmatch(r"[a-z_][a-z0-9_.-]*", name):  # it becomes a word of exec_prefix: a unix name only
-            raise _refused(403, HPCAIError(f"no notebook server for {name!r}: not a unix account name",
+            raise refused(403, HPCAIError(f"no notebook server for {name!r}: not a unix account name",
                                            "log in with your cluster account"))
         try:
             uid = pwd.getpwnam(name).pw_uid
         except KeyError:
-            raise _refused(403, HPCAIError(f"no unix user named {name} on the hub host",
+            raise refused(403, HPCAIError(f"no unix user named {name} on the hub host",
                                            "hub users must be unix users of the cluster")) from None
         if name in self.denied_users or uid < self.min_uid:
             why = "is in the site's denied users" if name in self.denied_users else \
                 f"is a system account (uid {uid}, below {self.min_uid})"
-            raise _refused(403, HPCAIError(f"no notebook server for {name}: the account {why}",
+            raise refused(403, HPCAIError(f"no notebook server for {name}: the account {why}",
                                            "log in with your own user account"))
-
-    async def _get_batch_script(self, **subvars: Any) -> str:
-        return await asyncio.to_thread(self.job_script)  # sinfo and the site envs' scan: off the event loop
-
-    async def run_command(self, cmd: str, input: str | None = None, env: dict[str, str] | None = None,
-                          timeout: float = 60) -> str:
-        """batchspawner's commands, run as argument lists: no shell ever sees them. ``env`` is the user's (sbatch
-        gets get_env()); without one, a command gets COMMAND_ENV only, never the hub's environment."""
-        code, out, err = await _run_as_user(shlex.split(cmd), env if env is not None else command_env(), input,
-                                            timeout, self.job_umask)
-        if code is None:
-            raise RuntimeError(f"{cmd.split()[0]} did not answer within {timeout:g} s")
-        if code != 0:
-            raise RuntimeError(err.decode().strip() or f"exit status {code}")
-        return out.decode().strip()
 
     # -- the job's life --------------------------------------------------------------------
     async def start(self) -> tuple[str, int]:
@@ -303,13 +224,13 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         try:  # a config that did not end with compat.check: a batchspawner setting never silently ignored
             compat.check(self.config)
         except HPCAIError as err:
-            raise _refused(500, err) from None
+            raise refused(500, err) from None
         self.check_account()
         self._check_share()
         try:
             self._options, _ = await asyncio.to_thread(self._valid)
         except OptionsError as err:
-            raise _refused(400, err) from None
+            raise refused(400, err) from None
         self._held_for, self._held_seen = 0.0, None
         try:
             await self._submit()
@@ -334,109 +255,11 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         await self._wait_until_listening()
         return self.ip, self.port
 
-    async def _submit(self) -> None:
-        """Make the user's job log folder, ask the scheduler whether it would run the script, then submit it: in the
-        hub's submission queue (a place per start, shown on its spawn page)."""
-        async with self.queries.submission(self.user.name, self):
-            as_user = self.exec_prefix.format(username=self.user.name)
-            try:  # Slurm writes the log only into a folder that exists: the user makes it (root never does, there)
-                await self.run_command(f"{as_user} install -d -m 0700 -- {shlex.quote(self.job_log_folder())}",
-                                       timeout=10)
-            except RuntimeError as err:
-                raise _refused(500, HPCAIError(f"could not make the job log folder {self.job_log_folder()} as "
-                                               f"{self.user.name}: {err}", "tell the site's admins")) from None
-            try:
-                await self.run_command(f"{as_user} {shlex.join(scheduler.test_script())}", input=await asyncio.to_thread(self.job_script),
-                                       env=self.get_env())
-            except RuntimeError as err:
-                said = re.sub(r"^[\w-]+: error: ", "", str(err))  # the command's own prefix ("sbatch: error: ")
-                raise _refused(400, HPCAIError(
-                    f"the scheduler would not run this request: {said}",
-                    "pick another partition, fewer nodes or GPUs, or a shorter walltime")) from None
-            await self.submit_batch_script()
-
-    def _check_share(self) -> None:
-        """Refuse (429) a start over its user's share: more than hub_api_per_minute starts a minute (every start asked
-        for counts: JupyterHub has written the server's records before it calls start), or max_pending_starts of
-        theirs admitted by this check already (starts asked for at once are not refused for each other). No await
-        between the count and the mark: starts at once are counted one after another."""
-        self._admitted = False
-        try:
-            SHARES.take(self.user.name, "start", self.hub_api_per_minute)
-        except TooMany as err:
-            raise _refused(429, err) from None
-        starting = sorted(s.name or "the default" for s in self.user.spawners.values()
-                          if s is not self and s.pending == "spawn" and getattr(s, "_admitted", False))
-        if self.max_pending_starts and len(starting) >= self.max_pending_starts:
-            raise _refused(429, HPCAIError(
-                f"{len(starting)} servers of {self.user.name}'s are starting already ({', '.join(starting)}), the "
-                f"most this hub starts at once for one user", "wait until one has started, or stop one on the "
-                "hub's home page"))
-        self._admitted = True
-
     def follow(self, job_id: str, seconds_left: int) -> None:
         """Make this server the follow-up of job ``job_id`` (hub_api's continue): its job starts once that one ends,
         and its start may take the rest of that job on top of the configured start_timeout (never on top of an
         earlier follow-up's)."""
         self.follows, self.start_timeout = job_id, self._start_timeout + seconds_left
-
-    def _held(self) -> float:
-        """Seconds this start's job has waited, in all, for its owner: held (scontrol hold: JobHeldUser) or put off
-        (a BeginTime the hub never sets), however often released and held again."""
-        now = time.monotonic()
-        if self._held_seen is not None:
-            self._held_for += now - self._held_seen
-        self._held_seen = now if self._reason in OWNER_WAITS else None
-        return self._held_for
-
-    async def _cancel_a_long_hold(self) -> None:
-        """Cancel this start's job, and fail the start saying why, once its owner has held it (scontrol hold, or a
-        later BeginTime) for held_start_timeout seconds in all: while it waits it counts against the hub's limit of
-        starts at once."""
-        held = self._held()
-        if not self.held_start_timeout or held < self.held_start_timeout:
-            return
-        await self._cancel_quietly()
-        raise _refused(409, HPCAIError(
-            f"job {self.job_id} was held by {self.user.name} (scontrol hold) for {held:.0f} s, so the hub cancelled "
-            "it: a start that waits counts against the hub's limit of starts at once, for everyone",
-            "start again when the job may run; release a held start sooner (scontrol release JOBID)"))
-
-    def parse_job_id(self, output: str) -> str:
-        """sbatch --parsable's answer: exactly one line, a job id (";cluster" may follow). sbatch runs as the user,
-        so its output is theirs to write: anything else is refused, never read for a number."""
-        lines = output.strip().splitlines()
-        if len(lines) != 1 or not re.fullmatch(r"\d+(;[\w.-]+)?", lines[0].strip()):
-            self.log.error("%s: sbatch answered %d lines that are not one job id; refusing", self._log_name, len(lines))
-            return ""
-        return lines[0].strip().split(";")[0]
-
-    async def submit_batch_script(self) -> str:
-        """batchspawner's submission without its log lines: they held the environment (the server's token, at debug)
-        and sbatch's output (the user's to write). Logged here: the user and the job id only."""
-        script = await self._get_batch_script()
-        cmd = " ".join([self.exec_prefix.format(username=self.user.name), self.batch_submit_cmd])
-        self.job_id = self.parse_job_id(await self.run_command(cmd, input=script, env=self.get_env()))
-        self.log.info("%s: submitted Slurm job %s", self._log_name, self.job_id or "(none)")
-        return self.job_id
-
-    async def _check_owner(self) -> None:
-        """The job the hub will track, cancel and extend is this user's, as Slurm records it: an id sbatch's answer
-        names that is another user's job, or no job Slurm knows, is refused."""
-        info = await self._job_info()
-        if info is None or info.get("UserName") != self.user.name:
-            self.job_id = ""
-            self._remember_job()  # no restarted hub may cancel (or track) that id
-            raise HPCAIError(f"the job id sbatch answered is not a job of {self.user.name}",
-                             "tell the site's admins: the hub's submissions are being tampered with")
-
-    def _remember_job(self) -> None:
-        """Save the job id now, marked as starting, not once the server is up: a hub restarted while this start
-        waits finds the job, and cancels it (poll), instead of leaving it to run unseen. JupyterHub saves the
-        state again once the start has finished, without the mark."""
-        if self.orm_spawner is not None and self.db is not None:
-            self.orm_spawner.state = {**self.get_state(), "starting": True}
-            self.db.commit()
 
     def token_digest(self) -> str:
         """SHA-256 of this server's hub token: from the token while this hub holds it, else as saved in the state
@@ -473,106 +296,6 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         if status is None and await self._server_gone():
             return 1
         return status
-
-    async def _server_gone(self) -> bool:
-        """Whether this started job's server is gone from its port, its route to go now (the job cancelled where it
-        would run on): the job is no longer running (COMPLETING as its server ended, or requeued), so that its port is
-        free for anyone on the node to take; or something else answers there (another user's process on the port the
-        server gave up); or no proof came for SILENT_FOR seconds (nothing listens, or a squatter hangs on the probe
-        alone; time, not probes: users' page loads poll too, and a server may stall a while on a slow file system).
-        A job whose processes live on stopped (SUSPENDED, STOPPED), RESIZING or SIGNALING holds its port: kept unprobed.
-        A job the cancel failed for is kept, to be tried again at the next poll."""
-        server, job = self.server, self.job_id
-        if self._spawn_pending or self._stop_pending or server is None or not (server.ip and server.port and job) \
-                or not self.token_digest():
-            return False
-        state = (self.job_status.split() or [""])[0]
-        if state in HOLDS_ITS_PORT:
-            self._last_proof = time.monotonic()  # its grace counts from when it runs again
-            return False
-        if state != "RUNNING":
-            self.log.warning("%s: job %s is %s; its server's port is no longer its own, so its route goes now",
-                             self._log_name, job, state or "gone")
-            if state != "COMPLETING" and not await self._cancel_quietly():  # a requeued job would run on unseen
-                return False
-            self.clear_state()
-            return True
-        found, asked = await self._probe(server.ip, server.port)
-        if job != self.job_id or self._spawn_pending or self._stop_pending:  # it stopped or restarted meanwhile
-            return False
-        now = time.monotonic()
-        if found == "proven":
-            self._last_proof = asked
-        elif not self._last_proof:
-            self._last_proof = now  # a restarted hub counts from its first look
-        if found == "proven" or (found in ("refused", "silent") and now - self._last_proof < SILENT_FOR):
-            return False
-        self.log.warning("%s: its server no longer answers on %s:%s (%s); cancelling job %s", self._log_name,
-                         server.ip, server.port, found, job)
-        if not await self._cancel_quietly():
-            return False
-        self.clear_state()
-        return True
-
-    async def _wait_until_listening(self) -> None:
-        """Wait until this user's server answers on the port it reported and proves it holds the server's token
-        (``_identity``). Whatever else answers there, such as another user's process on a port the server gave
-        up, fails the start: the hub never routes a user to it. A server that dies at start (a broken config in
-        the user's home, say) ends its job: the spawn then fails with the job's state and log, where JupyterHub,
-        left to find it dead, would answer a bare 500."""
-        while (found := await self._identity(self.ip, self.port)) in ("refused", "silent"):
-            if await self.query_job_status() == JobStatus.NOTFOUND:
-                raise HPCAIError(await self._failure_report("ended before the Jupyter server answered"))
-            await asyncio.sleep(self.startup_poll_interval)
-        if found == "proven":
-            return
-        await self._cancel_quietly()
-        where = f"what answers on {self.ip}:{self.port}, the port {self.user.name}'s server reported,"
-        raise HPCAIError(f"{where} has no jupyter_hpcai identity endpoint: the server extension is off in that "
-                         "server's config, or it is not that server; the job was cancelled" if found == "no endpoint"
-                         else f"{where} is not that server (it cannot prove it holds the server's token); the job "
-                         "was cancelled", "start the server again; tell the site's admins if it happens again")
-
-    async def _identity(self, ip: str, port: int) -> str:
-        """What answers on ``ip:port``: "proven" (an HMAC of a fresh nonce under this server's token,
-        contract.identity_proof), "refused" (nothing listens), "silent" (no HTTP answer: cut, timed out), "no
-        endpoint" (404) or "not proven". The answer may be anyone's: at most IDENTITY_BYTES of body and 8 KiB of
-        headers within 5 s, read by tornado's own client (JupyterHub may have made curl the default one), and only an
-        exact body is taken."""
-        nonce = secrets.token_hex(16)
-        base = self.server.base_url if self.server is not None else self.user.url
-        host = f"[{ip}]" if ":" in ip else ip
-        client = SimpleAsyncHTTPClient(force_instance=True, max_body_size=IDENTITY_BYTES, max_header_size=8192)
-        try:
-            answer = await client.fetch(f"http://{host}:{port}{url_path_join(base, IDENTITY_PATH)}?nonce={nonce}",
-                                        request_timeout=5, follow_redirects=False, raise_error=False)
-        except ConnectionRefusedError:
-            return "refused"
-        except (OSError, StreamClosedError, HTTPClientError):
-            return "silent"
-        except Exception:  # an answer that is not HTTP tornado takes
-            return "not proven"
-        finally:
-            client.close()
-        if answer.code == 599:  # tornado's code for no HTTP answer
-            return "silent"
-        if answer.code == 404:
-            return "no endpoint"
-        proof = re.fullmatch(rb'\s*\{\s*"proof"\s*:\s*"([0-9a-f]{64})"\s*\}\s*', answer.body or b"")
-        expected = identity_proof(self.token_digest(), nonce, port).encode()
-        return "proven" if answer.code == 200 and proof and hmac.compare_digest(proof.group(1), expected) \
-            else "not proven"
-
-    async def _probe(self, ip: str, port: int) -> tuple[str, float]:
-        """What answers on the running server's port (``_identity``) and when it was asked: asked at most once every
-        PROBE_EVERY seconds, one probe at a time, however many polls want it (every load of a user's hub home page
-        polls their servers)."""
-        now = time.monotonic()
-        if self._probing is None or self._probing[1] != (ip, port) \
-                or (self._probing[2].done() and now - self._probing[0] >= PROBE_EVERY):
-            self._probing = (now, (ip, port), asyncio.ensure_future(self._identity(ip, port)))
-        asked, _, answer = self._probing
-        return await asyncio.shield(answer), asked
 
     async def _cancel_quietly(self) -> bool:
         """Cancel this spawner's job, if it has one; whether that worked (the caller says what went wrong). One
@@ -620,160 +343,11 @@ class HPCSlurmSpawner(SlurmSpawner):  # type: ignore[misc]
         self.log.warning("%s: job %s is %r; keeping it", self._log_name, self.job_id, state)
         return JobStatus.UNKNOWN
 
-    async def extend(self, seconds: int) -> dict[str, Any]:
-        """Add ``seconds`` to the running job's time limit within ``extend_max_walltime`` (the hub runs scontrol:
-        users cannot raise their own limit); the job's new limit and end. The policy refuses first, before any
-        question to Slurm; then the job's record as it is now (the cycle's query may predate the last extend)."""
-        options = self._options or (await asyncio.to_thread(self._valid))[0]  # a hub restarted since its start
-        extend.allowed(self.extend_max_walltime, options.partition)
-        info = await self.queries.fresh_job_info(self.job_id) or {}
-        if info.get("JobState") != "RUNNING":
-            raise HPCAIError(f"job {self.job_id} is not running ({info.get('JobState', 'gone')})",
-                             "only a running notebook job can be extended")
-        if changed := as_submitted(info, options, self.user.name):
-            # its owner changed it (scontrol update Partition=, NumNodes=, Account= while pending, or a script
-            # swapped in sbatch's stdin), or it is not this user's job: the policy was decided for the job submitted
-            raise HPCAIError(f"job {self.job_id} is not the job the hub submitted for {self.user.name}: "
-                             + "; ".join(changed), "only a notebook job as the hub submitted it can be extended")
-        partition, old = options.partition, parse_duration(info.get("TimeLimit", "")) or 0
-        limits = (await self.current_limits()).get(partition)
-        wanted = extend.new_limit(self.extend_max_walltime, partition, old, seconds,
-                                  limits.max_walltime if limits else None)
-        limit = format_duration(wanted)
-        await self.run_command(scheduler.set_time_limit(self.job_id, limit))
-        self.log.info("Extended job %s of %s by %s s to %s", self.job_id, self.user.name, seconds, limit)
-        # the end moves by what the limit grew (Slurm's EndTime: the start, the limit and any time suspended)
-        return {"job_id": self.job_id, "time_limit": limit,
-                "end_time": later(info.get("EndTime", ""), wanted - old)}
-
     def state_gethost(self) -> str:
         """The address the hub reaches the first node at: Slurm's NodeAddr (node names may not resolve), as one IP
         address, so that the hub's check of the server and the proxy's route reach the same (one_address)."""
         host = self.job_status.split()[-1]
         return one_address(scheduler.node_address(host))
-
-    async def _failure_report(self, what: str) -> str:
-        """What became of this start's job, with the last lines of its log: made once per job, however many ask
-        (the start, and every spawn page watching it)."""
-        if self._report is None or self._report[0] != self.job_id:
-            self._report = (self.job_id, asyncio.ensure_future(self._report_on(what)))
-        return await asyncio.shield(self._report[1])
-
-    async def _report_on(self, what: str) -> str:
-        info = await self._job_info() or {}
-        state, reason, code = info.get("JobState", "gone"), info.get("Reason", ""), info.get("ExitCode", "")
-        lines = [f"Job {self.job_id} {what}: state {state}" + (f", reason {reason}" if reason not in ("", "None") else "")
-                 + (f", exit code {code}" if code else "")]
-        if info.get("StdOut"):
-            tail = await self._log_tail(info["StdOut"])
-            # indented: in the hub's log, where this report lands too, no line the user wrote looks like the hub's own
-            lines += [f"Last lines of {info['StdOut']}:", *(f"  | {line}" for line in tail)] if tail else []
-        return "\n".join(lines)
-
-    async def _log_tail(self, path: str, lines: int = 15) -> list[str]:
-        """The last lines of the job's log, read as the job's user: the path is in their home, so they decide what
-        it is (a link to a root-only file, a FIFO, a huge file), and the hub never opens it with its own rights.
-        At most LOG_TAIL_BYTES, within a few seconds, off the event loop; nothing when the user cannot read it."""
-        argv = [*shlex.split(self.exec_prefix.format(username=self.user.name)),
-                "timeout", "5", "tail", "-c", str(LOG_TAIL_BYTES), "--", path]
-        code, out, _ = await _run_as_user(argv, command_env(), None, 10, self.job_umask)
-        if code != 0:
-            return []
-        text = out.decode(errors="replace")
-        return ["".join(c for c in line if c.isprintable() or c == "\t") for line in text.splitlines()[-lines:]]
-
-    async def progress(self) -> Any:
-        """Spawn-page events: job id, state, the scheduler's pending reason and expected start. One watcher per start
-        makes them (progress.Feed), however many pages read them: N streams cost the hub and Slurm what one does."""
-        if self._feed is None or self._feed.owner is not self._spawn_future:
-            self._feed = Feed(self._progress_events(), self._spawn_future)
-        async for event in self._feed.read():
-            yield event
-
-    async def _progress_events(self) -> Any:
-        """This start's events, each once, while it is pending (JupyterHub stops reading once the server is up)."""
-        last = ""
-        while self._spawn_pending:
-            place = self.queries.place(self)
-            if not self.job_id and place:
-                message, pct = (f"Waiting to submit: number {place} in the hub's queue (it submits "
-                                f"{self.max_concurrent_submits} requests at a time)"), 2
-            elif not self.job_id:
-                message, pct = "Checking the request with the scheduler and submitting the job...", 5
-            else:
-                try:
-                    info = await self._job_info() or {}
-                except HPCAIError:  # Slurm did not answer this time: say nothing new
-                    await asyncio.sleep(1)
-                    continue
-                state = info.get("JobState", "")
-                if state == "PENDING":
-                    message, pct = pending_message(self.job_id, info.get("Reason", ""), info.get("StartTime", "")), 30
-                    if self._held_seen is not None and self.held_start_timeout:  # said every 10 s, not every second
-                        left = self.held_start_timeout - self._held_for
-                        message += (f"; the hub cancels it in about {max(0, round(left, -1)):.0f} s unless it is "
-                                    "released")
-                elif state in ("RUNNING", "CONFIGURING"):
-                    message, pct = (f"Job {self.job_id} is running on {info.get('NodeList', '?')}; "
-                                    "waiting for the Jupyter server to start"), 70
-                elif state and state not in TERMINAL_STATES:  # SUSPENDED, REQUEUED, STOPPED...: it may go on
-                    message, pct = f"Job {self.job_id} is {state.lower()}", 50
-                else:
-                    yield {"progress": 100, "failed": True, "message": await self._failure_report("is not running")}
-                    return
-            if message != last:
-                yield {"progress": pct, "message": message}
-                last = message
-            await asyncio.sleep(1)
-
-
-def as_submitted(info: dict[str, str], options: SpawnOptions, user: str) -> list[str]:
-    """How Slurm's record of a job differs from the job the hub submitted for ``user`` with ``options`` (its
-    owner, partition, nodes, GPUs per node and account); nothing when it is that job."""
-    wanted = {"owner": user, "partition": options.partition, "nodes": str(options.nodes),
-              "GPUs per node": str(options.gpus_per_node), "account": options.account or info.get("Account", "")}
-    found = {"owner": info.get("UserName", ""), "partition": info.get("Partition", ""),
-             "nodes": info.get("NumNodes", ""), "GPUs per node": str(scheduler.gres_gpus(info.get("TresPerNode", ""))),
-             "account": info.get("Account", "")}
-    # Slurm keeps account names in lower case
-    return [f"{what} {found[what] or '(none)'}, submitted {wanted[what]}" for what in wanted
-            if found[what].lower() != wanted[what].lower()]
-
-
-async def _run_as_user(argv: list[str], env: dict[str, str], input: str | None, timeout: float,
-                       umask: int) -> tuple[int | None, bytes, bytes]:
-    """Run a command (through exec_prefix: as the user) in a session of its own; its exit status (None when it did
-    not end within ``timeout``), stdout and stderr. Whatever happens, nothing of it outlives the call: the user may
-    stop their own process (kill -STOP) or hold its pipes, and killing sudo alone left both pipes open in the hub."""
-    proc = await asyncio.create_subprocess_exec(*argv, env=env, stdin=asyncio.subprocess.PIPE,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                                                umask=umask, start_new_session=True)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(input.encode() if input else None), timeout=timeout)
-        return proc.returncode, out, err
-    except asyncio.TimeoutError:
-        return None, b"", b""
-    finally:  # on a timeout, and on a cancelled start too (start_timeout)
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        proc._transport.close()  # type: ignore[attr-defined]  # our pipe ends, whoever holds theirs (no public close)
-
-
-def command_env() -> dict[str, str]:
-    """All a command the hub runs as a user gets of the hub's environment (COMMAND_ENV)."""
-    return {k: os.environ[k] for k in COMMAND_ENV if k in os.environ}
-
-
-def _refused(status: int, err: HPCAIError) -> HTTPError:
-    """A request the hub will not run: the REST API answers ``status`` with the reason, the spawn page shows it."""
-    # logged on one line of printable characters: sbatch's words in it are the user's to write
-    logged = " ".join("".join(c if c.isprintable() else " " for c in str(err)).split())
-    refusal = HTTPError(status, log_message=logged.replace("%", "%%"))
-    refusal.jupyterhub_message = err.jupyterhub_message  # type: ignore[attr-defined]
-    if isinstance(err, TooMany):  # JupyterHub's handlers send an error's headers (as for its own 429s)
-        refusal.headers = {"Retry-After": str(err.retry_after)}  # type: ignore[attr-defined]
-    return refusal
 
 
 def preview(config_file: Path, options: dict[str, str], user: str) -> str:
