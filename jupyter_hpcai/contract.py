@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
 # hub: JupyterHub with the spawner (or spawner_config/demo_config.py); job: the notebook job's batch script
-# (spawner/script.py); server: the Jupyter server in that job, and its kernel provisioner; kernel: the notebook's
-# IPython kernel, or any process that starts engines as it does (a benchmark job); rank: an engine or an exported
-# job's rank, started by srun/mpirun; batch: an exported job's sbatch script (export.py); cli: `hpcai`; bench: the
-# bench/ drivers; admin/user: a site or a person, in the environment; tests: tests/ and the dev cluster's plugin.
+# (spawner/script.py) and what it starts beside the server (the warm start, engines/warm.py); server: the Jupyter
+# server in that job, and its kernel provisioner; kernel: the notebook's IPython kernel, or any process that starts
+# engines as it does (the warm start, a benchmark job); rank: an engine or an exported job's rank, started by
+# srun/mpirun; batch: an exported job's sbatch script (export.py); cli: `hpcai`; bench: the bench/ drivers;
+# admin/user: a site or a person, in the environment; tests: tests/ and the dev cluster's plugin. Where the code of
+# each runs: test_architecture.py's PROCESSES, which checks the rows against the code.
 Process = Literal["hub", "job", "server", "kernel", "rank", "batch", "cli", "bench", "admin", "user", "tests"]
 
 
@@ -34,8 +36,9 @@ class Variable:
 
 _ROWS = [
     # the notebook job: its batch script exports them to the server, and so to the kernel and the ranks
-    Variable("HPCAI_ENV", ("job",), ("tests",),
-             "the profile's env name; unused: the server's kernel comes from --default_kernel_name instead"),
+    Variable("HPCAI_ENV", ("job",), ("job", "tests"),
+             "the profile's env name: the job's warm start finds the kernel's env by it (engines/warm.py); the "
+             "server's kernel comes from --default_kernel_name"),
     Variable("HPCAI_JOB_STATE", ("job",), ("server", "kernel", "rank", "tests"),
              "the job's private folder ~/.hpcai/jobs/<job id>: walltime mark, engine pids; removed at the job's end"),
     Variable("HPCAI_WALLTIME_WARNING", ("job",), ("server", "kernel"),
@@ -112,7 +115,7 @@ _ROWS = [
              "the jobs (Spawner.env_keep)"),
     Variable("HPCAI_CONTROLLER_IP", ("admin", "user", "tests"), ("kernel",),
              "where the ipyparallel controller listens (default: route to the first node, else loopback)"),
-    Variable("HPCAI_REST_AFTER", ("admin", "user", "tests"), ("kernel", "job"),
+    Variable("HPCAI_REST_AFTER", ("admin", "user", "tests"), ("kernel",),
              "seconds without a cell after which idle engines rest (Horovod over Gloo: a 50 ms cycle until the next "
              "cell; default 30, 0: never); engines started with the job rest once ready, unless 0"),
     Variable("HPCAI_OWN_JOB_GRACE", ("user", "tests"), ("kernel",),
@@ -120,9 +123,9 @@ _ROWS = [
     Variable("HPCAI_HOROVOD_CONTROLLER", ("admin", "user"), ("kernel",),
              "gloo (default: worlds that grow, shrink and survive lost ranks) or mpi (the launch's MPI world, fixed; "
              "the default in a container env)"),
-    Variable("HPCAI_TORCH_BACKEND", ("user", "tests"), ("kernel", "rank"),
+    Variable("HPCAI_TORCH_BACKEND", ("user", "tests", "bench"), ("kernel", "rank"),
              "torch.distributed's backend (default: nccl with a GPU, else gloo)"),
-    Variable("HPCAI_STRAGGLER_SHARE", ("admin", "user"), ("server", "kernel"),
+    Variable("HPCAI_STRAGGLER_SHARE", ("admin", "user"), ("kernel",),
              "share of the median rate below which a rank is a straggler, in (0, 1) (default 0.67)"),
     Variable("HPCAI_CHECKPOINT_DIR", ("admin", "user"), ("rank",),
              "where hpc.Checkpoint saves, <dir>/<name> (default ~/.hpcai/checkpoints)"),

@@ -148,6 +148,100 @@ def test_every_hpcai_variable_is_declared_in_the_contract() -> None:
     assert sorted(set(VARIABLES) - set(used)) == [], "declared but used nowhere: remove them from the contract"
 
 
+# The processes (contract.Process) each part of the code runs in; the longest prefix wins, and a part not listed
+# (scheduler/, envs/, paths.py, contract.py's own code...) runs in any of them.
+PROCESSES: dict[str, set[str]] = {
+    "spawner_config/": {"hub"}, "jupyter_hpcai/templates/": {"hub", "cli"},
+    "jupyter_hpcai/spawner/": {"hub"}, "jupyter_hpcai/spawner/script.py": {"hub", "job"},
+    "jupyter_hpcai/server/": {"server"}, "jupyter_hpcai/provisioner.py": {"server"},
+    "jupyter_hpcai/kernelspec.py": {"cli", "server"},
+    "jupyter_hpcai/engines/": {"kernel"}, "jupyter_hpcai/engines/warm.py": {"kernel", "job"},
+    "jupyter_hpcai/magics.py": {"kernel"}, "jupyter_hpcai/widgets.py": {"kernel"}, "jupyter_hpcai/guard.py": {"kernel"},
+    "jupyter_hpcai/hub_client.py": {"kernel"}, "jupyter_hpcai/magic_args.py": {"kernel"},
+    "jupyter_hpcai/ranks/": {"rank", "kernel"}, "jupyter_hpcai/container_launch.py": {"rank"},
+    "jupyter_hpcai/network.py": {"rank"},
+    "jupyter_hpcai/cli.py": {"cli"}, "jupyter_hpcai/siteinit.py": {"cli"}, "jupyter_hpcai/sitecheck.py": {"cli"},
+    "jupyter_hpcai/demo.py": {"cli", "hub"}, "jupyter_hpcai/export.py": {"cli", "batch"},
+    "jupyter_hpcai/bench/": {"bench"}, "jupyter_hpcai/bench/horovodrun.py": {"bench", "rank"},
+    "jupyter_hpcai/devcluster/": {"tests"},
+}
+CODE_PROCESSES = {"hub", "job", "server", "kernel", "rank", "batch", "cli", "bench"}  # not admin, user, tests
+HPCAI_NAME = re.compile(r"\bHPCAI_[A-Z0-9_]+\b")
+
+
+def _processes_of(path: str) -> set[str]:
+    prefix = max((p for p in PROCESSES if path.startswith(p)), key=len, default="")
+    return PROCESSES[prefix] if prefix else CODE_PROCESSES | {"tests"}
+
+
+def _variables_named() -> dict[str, set[str]]:
+    """HPCAI_* name -> the files whose code names it: in a string that is not a docstring, or through a module-level
+    constant that holds it (``GRACE_VAR = "HPCAI_OWN_JOB_GRACE"``); contract.py's rows aside (they declare)."""
+    sources = {p: p.read_text() for p in [*PACKAGE.rglob("*.py"), *(REPO / "spawner_config").rglob("*.py")]}
+    constants = {target.id: node.value.value for source in sources.values() for node in ast.parse(source).body
+                 if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                 and isinstance(node.value.value, str) and HPCAI_NAME.fullmatch(node.value.value)
+                 for target in node.targets if isinstance(target, ast.Name)}
+    named: dict[str, set[str]] = {}
+    for path, source in sources.items():
+        tree = ast.parse(source)
+        skip = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body
+                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        skip |= {id(n.value) for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+                 and HPCAI_NAME.fullmatch(str(n.value.value))}  # X_VAR = "HPCAI_X" defines it; X_VAR's uses count
+        if path == PACKAGE / "contract.py":
+            rows = next(n for n in tree.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "_ROWS")
+            skip |= {id(n) for n in ast.walk(rows)}
+        for node in ast.walk(tree):
+            names: set[str] = set()
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+                names = set(HPCAI_NAME.findall(node.value))
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in constants:
+                names = {constants[node.id]}
+            elif isinstance(node, ast.Attribute) and node.attr in constants:
+                names = {constants[node.attr]}
+            for name in names:
+                named.setdefault(name, set()).add(str(path.relative_to(REPO)))
+    for path in (PACKAGE / "templates").rglob("*.in"):  # the site's hub config
+        for line in path.read_text().splitlines():
+            for name in HPCAI_NAME.findall(line.split("#")[0]):
+                named.setdefault(name, set()).add(str(path.relative_to(REPO)))
+    return named
+
+
+def _undeclared_processes(variables: dict, named: dict[str, set[str]]) -> list[str]:  # type: ignore[type-arg]
+    """Where the rows and the code disagree: code that names a variable in processes its row says neither set nor
+    read it; a process its row says reads it, whose code never names it."""
+    found = []
+    for name, row in variables.items():
+        where = named.get(name, set())
+        declared = {*row.set_by, *row.read_by}
+        found += [f"{name}: {path} runs in {sorted(_processes_of(path))}, its row says {sorted(declared)}"
+                  for path in sorted(where) if not _processes_of(path) & declared]
+        reached = set().union(*map(_processes_of, where)) if where else set()
+        found += [f"{name}: its row says the {process} reads it, and no code of the {process} names it"
+                  for process in sorted(set(row.read_by) & CODE_PROCESSES - reached)]
+    return found
+
+
+def test_each_hpcai_variables_row_names_the_processes_whose_code_uses_it() -> None:
+    """contract.VARIABLES says who sets and who reads each variable; the code of those processes (PROCESSES) is
+    where the name appears, and nowhere else."""
+    from dataclasses import replace
+
+    from jupyter_hpcai.contract import VARIABLES
+
+    named = _variables_named()
+    assert "jupyter_hpcai/engines/own_job.py" in named["HPCAI_OWN_JOB_GRACE"]  # through GRACE_VAR: the walk sees it
+    assert _undeclared_processes(VARIABLES, named) == []
+    row = VARIABLES["HPCAI_REST_AFTER"]  # controls: a reader the code never is, and code in a process not declared
+    assert _undeclared_processes({row.name: replace(row, read_by=("kernel", "hub"))}, named) == [
+        "HPCAI_REST_AFTER: its row says the hub reads it, and no code of the hub names it"]
+    assert any("engines/rest.py runs in ['kernel']" in f
+               for f in _undeclared_processes({row.name: replace(row, read_by=("rank",))}, named))
+
+
 def test_one_place_renders_sbatch_lines() -> None:
     """Every batch script's header comes from jobscript.JobScript, through the Slurm implementation's ``header``:
     no other module writes an #SBATCH line."""
