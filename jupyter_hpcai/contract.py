@@ -46,7 +46,7 @@ _ROWS = [
     Variable("HPCAI_START_ENGINES", ("job",), ("job", "server", "kernel"),
              "1 (the profile's start_engines): the job's script starts one engine per GPU beside the server, the "
              "provisioner loads the extension with each kernel, and the first kernel takes the engines; else 0"),
-    # kernel -> rank: set per engine set by RunningSet.launch (mpirun passes them with -x)
+    # kernel -> rank: set per engine set by engines/startup.py's launch (mpirun passes them with -x)
     Variable("HPCAI_NODE_ADDRS", ("kernel", "batch", "bench"), ("rank",),
              "every node's Slurm address, 'node=addr,...'; a rank finds its own by its node's name (else loopback)"),
     Variable("HPCAI_WARM", ("kernel",), ("rank",),

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_hpcai.engines.launch import LAUNCHERS, Layout
-from jupyter_hpcai.engines.running_set import TASK_ENDED
+from jupyter_hpcai.engines.startup import TASK_ENDED
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.proc import wait_until
 

@@ -4,7 +4,10 @@ kernel does: a benchmark job); what runs on the ranks is ``jupyter_hpcai.ranks``
 which never imports it back.
 
 - ``engines``: ``Engines``, the kernel's one handle (state for the panel, start / stop / restart / attach, cells);
+- ``startup``: a set started (the controller and the ranks side by side) or attached;
+  ``background``: a start in a thread, which cells and starts wait for;
 - ``running_set``: one set while it runs: controller, client, ranks, the set's folder (``contract.py``);
+- ``elastic``: the world grown and shrunk (``Engines``' part, mixed in); ``membership``: what each change does;
 - ``cells``: a cell on every rank, watched and streamed; ``output``: what the user sees of it;
 - ``launch``: layouts and launchers (srun / mpirun / local / local-mpi); ``report``: what a dead launcher said;
 - ``own_job``: an allocation of the kernel's own outside any job;

@@ -1,6 +1,8 @@
 """This kernel's engines: ipyparallel engines on the allocation's ranks, frameworks initialised on them, cells run
 on them. ``Engines`` is the kernel's one handle (magics, the panel, the walltime guard): its state, the allocation
-(or the job the kernel asked for itself), and the set that runs (running_set.py), on which cells run (cells.py).
+(or the job the kernel asked for itself: own_job.py), and the set that runs (running_set.py, started or attached by
+startup.py, perhaps in a thread: background.py), on which cells run (cells.py) and whose world grows and shrinks
+(elastic.py).
 
 One controller runs beside the kernel, bound to the address Slurm uses for this node (never all interfaces).
 Cluster files live where ipyparallel keeps them (the IPython profile's security/ folder, private to the user),
@@ -17,32 +19,31 @@ import atexit
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, Literal
 
 import ipyparallel as ipp
 
 from ..errors import HPCAIError
-from ..proc import wait_until
 from ..ranks import stacks as rank_stacks
 from ..ranks import telemetry
 from ..ranks.frameworks import FRAMEWORKS, default_framework
-from ..scheduler import chosen
 from ..scheduler.allocation import Allocation
-from . import listing, membership, own_job
+from . import listing, membership, own_job, startup
+from .background import Background
 from .cells import CONTINUITY, Cell, Outcomes
+from .elastic import Elastic
 from .launch import Layout, plan
-from .output import Write
+from .output import Write, to_stdout
 from .rest import DEFAULT_AFTER, Rest, rest_after
-from .running_set import Progress, Rank, RunningSet, command
-
-scheduler = chosen()
+from .running_set import Rank, RunningSet
+from .startup import Progress
 
 State = Literal["stopped", "pending", "starting", "running", "restarting", "stopping"]
 
 
-class Engines:
-    """Start, stop, restart and inspect this kernel's engines (one per rank), and run cells on them."""
+class Engines(Elastic):
+    """Start, stop, restart and inspect this kernel's engines (one per rank), and run cells on them; their world
+    grows and shrinks (elastic.py)."""
 
     def __init__(self, allocation: Allocation | None = None) -> None:
         self.allocation = allocation
@@ -57,10 +58,7 @@ class Engines:
         self._listeners: list[Callable[[Engines], None]] = []
         self._starting = threading.Lock()  # one start at a time (the panel's waits in a thread)
         self._running_cell = threading.RLock()  # shrink and grow wait for the cell; joins never
-        self._background: threading.Thread | None = None  # a start in a thread: the one with the kernel (warm.py)
-        self.background_error: HPCAIError | None = None  # why it failed, told to the next cell that can say it
-        self._telling = threading.Lock()  # one thread tells that failure
-        self.started_in_background = False  # the running engines are the background start's (until a stop)
+        self.background = Background()  # a start in a thread: the one with the kernel (warm.py)
         self.rest = Rest(self._running_cell, lambda: self.set if self.running else None, _rest_after())
         if allocation is None:  # outside a job nothing would stop them: they go with the kernel (ipyparallel's atexit)
             atexit.register(lambda: self.set.remove_folder() if self.set else None)
@@ -69,12 +67,12 @@ class Engines:
     @property
     def running(self) -> bool:
         """Engines are up (never while a start in the background is under way: its client is that thread's)."""
-        return self.set is not None and self.set.client is not None and not self.starting_in_background
+        return self.set is not None and self.set.client is not None and not self.background.busy
 
     @property
-    def starting_in_background(self) -> bool:
-        thread = self._background
-        return thread is not None and thread.is_alive() and thread is not threading.current_thread()
+    def started_in_background(self) -> bool:
+        """The engines that run (or start) are the background start's, until a stop."""
+        return self.background.started
 
     @property
     def ranks(self) -> list[Rank]:
@@ -105,7 +103,7 @@ class Engines:
     # --- start and stop -----------------------------------------------------------------------------------
     def command(self, layout: Layout) -> list[str]:
         """The command that starts the ranks for ``layout`` (printable before anything starts)."""
-        return command(layout, self.allocation)
+        return startup.command(layout, self.allocation)
 
     def start(self, *, n: int | None = None, nodes: int | None = None, gpus_per_node: int | None = None,
               launcher: str | None = None, framework: str | None = "auto", timeout: float = 180,
@@ -151,66 +149,32 @@ class Engines:
         try:
             if new_job:
                 self._enter_own_job(ask, pending)  # type: ignore[arg-type]
-            elif self.own_job is not None:
-                self._check_own_job()
+            elif self.own_job is not None and (gone := self.own_job.gone()) is not None:
+                self.stop(notify=False)  # out of it: the kernel may ask for a new one
+                raise gone
             layout = layout or plan(self.allocation, n=n, nodes=nodes, gpus_per_node=gpus_per_node, launcher=launcher)
             self.replaced = listing.stop_detached(self.job)  # a restarted kernel's engines: GPUs nobody uses
             self.layout, self.warm = layout, warm
-            self.set = RunningSet.prepare(self.allocation, self.job, layout, warm, timeout, self.telemetry_interval,
-                                          self.goes_with_kernel)
-            self.set.launch(self.allocation, timeout, progress)
+            self.set = startup.prepare(self.allocation, self.job, layout, warm, timeout, self.telemetry_interval,
+                                       self.goes_with_kernel)
+            startup.launch(self.set, self.allocation, timeout, progress)
         except BaseException:
             # a job that never ran (an interrupt while it waited, Slurm's refusal) is cancelled; one the kernel is
             # in stays for the next start (%hpc stop releases it), as the engines' failure is no reason to lose it
             self.stop(release=self.own_job is not None and not self.own_job.entered)
             raise
-        if self._background is None or threading.current_thread() is not self._background:
-            self.background_error = None  # a start of the user's worked: the background's failure is old news
+        if not self.background.here:
+            self.background.error = None  # a start of the user's worked: the background's failure is old news
         self._set_state("running")
         return self.ranks
 
-    def in_background(self, start: Callable[[], object]) -> None:
-        """``start()`` (a start, or an attach) in a thread, the kernel going on meanwhile; cells and ``start`` wait
-        for it, and a failure is kept in ``background_error`` for the next cell to tell (the kernel has no cell to
-        show it)."""
-        def starting() -> None:
-            try:
-                start()
-            except HPCAIError as err:
-                self.background_error = err
-            except Exception as err:  # any other: a thread's exception would only reach the kernel's log
-                self.background_error = HPCAIError(f"{type(err).__name__}: {err}")
-
-        self.background_error, self.started_in_background = None, True
-        self._background = threading.Thread(target=starting, name="hpcai-background-start", daemon=True)
-        self._background.start()
-
     def await_background(self, write: Write | None = None) -> None:
-        """Wait for a start in the background (``write`` says so first). Its failure is said by the first caller
-        with a ``write`` (then forgotten), or forgotten at the next start that works."""
-        thread = self._background
-        if thread is None or thread is threading.current_thread():
-            return
-        if thread.is_alive() and write:
-            write("hpcai: waiting for the engines that are starting in the background\n")
-        thread.join()
-        self._background = None
-        with self._telling:
-            err, self.background_error = (self.background_error, None) if write else (None, self.background_error)
-        if err is not None and write:
-            write(f"hpcai: the engines that started in the background failed: {err.message}\n")
+        """Wait for a start in the background (``write`` says so first, and says its failure: background.py)."""
+        self.background.wait(write)
 
     def check_request(self, ask: own_job.Request, launcher: str | None) -> None:
         """An allocation may be asked for outside any job, once, for ranks that srun starts."""
-        if self.allocation is not None and self.own_job is None:
-            raise HPCAIError(f"this kernel runs in Slurm job {self.allocation.job_id} already",
-                             "leave out --time, --partition and --account: the engines start in that job")
-        if self.own_job is not None and self.own_job.request != ask:
-            raise HPCAIError(f"this kernel holds Slurm job {self.own_job.job_id} ({self.own_job.request.describe()})",
-                             "use it (%hpc start without --time), or %hpc stop to release it, then ask again")
-        if launcher not in (None, "srun"):
-            raise HPCAIError(f"the ranks in a job this kernel asks for start with srun, not {launcher}",
-                             "leave out --launcher")
+        own_job.check_request(ask, launcher, self.allocation, self.own_job)
 
     def _enter_own_job(self, ask: own_job.Request, pending: own_job.Pending | None) -> None:
         """Submit ``ask``, wait until Slurm runs it (state "pending" meanwhile), and take it as the allocation."""
@@ -228,25 +192,13 @@ class Engines:
         self._set_state("starting")
         self.allocation = Allocation.current()
 
-    def _check_own_job(self) -> None:
-        """This kernel's own job still runs (a time limit may have ended it)."""
-        job = self.own_job
-        assert job is not None
-        info = scheduler.job_info(job.job_id)
-        if not info or info["JobState"] != "RUNNING":
-            self.stop(notify=False)  # out of it: the kernel may ask for a new one
-            state = info["JobState"] if info else "gone"
-            raise HPCAIError(f"this kernel's Slurm job {job.job_id} is no longer running ({state})",
-                             f"ask for a new one: %hpc start --nodes {job.request.nodes} --gpus-per-node "
-                             f"{job.request.gpus_per_node} --time ...")
-
     def attach(self, cluster_id: str | None = None, timeout: float = 30) -> list[Rank]:
         """Use engines that are running in this job already (an earlier kernel's, or another notebook's), with
         everything defined on the ranks: ``cluster_id``, else the only set no kernel uses, else the only set."""
         self.await_background()
         if self.set is not None:
             raise HPCAIError("this kernel has engines already", "use them, or %hpc stop them first")
-        self.set = found = RunningSet.attach(self.allocation, self.job, cluster_id, timeout)
+        self.set = found = startup.attach(self.allocation, self.job, cluster_id, timeout)
         self.layout, self.warm, self.telemetry_interval = found.layout, found.warm, found.telemetry_interval
         self._set_state("running")
         return self.ranks
@@ -255,8 +207,8 @@ class Engines:
         """Stop the engines and the controller, and (``release``) end this kernel's own job if it has one.
         Harmless when nothing runs; a start in the background finishes first."""
         self.await_background()
-        if self._background is None:  # a stop of the user's, not the one the background start begins with
-            self.started_in_background = False
+        if not self.background.here:  # a stop of the user's, not the one the background start begins with
+            self.background.started = False
         running, self.set = self.set, None
         self.warm = None  # a restart after this starts cold, as the first cell after a lost world does
         if running is not None:
@@ -278,49 +230,6 @@ class Engines:
         return self.start(n=layout.n, nodes=layout.nodes, gpus_per_node=layout.per_node, launcher=layout.launcher,
                           framework=warm, timeout=timeout, telemetry_interval=self.telemetry_interval,
                           progress=progress)
-
-    # --- who is in the world (membership.py) ---------------------------------------------------------------
-    def grow(self, nodes: int, *, wait: bool = False, timeout: float = 600, write: Write | None = None) -> str:
-        """Ask Slurm for ``nodes`` more nodes (a second job: the notebook job's partition, account, GPUs per node and
-        env, ending with it) whose ranks join this world; the next cell runs on the larger world. Says when Slurm
-        expects to start it first; ``wait``: return once its ranks are in. The job's id."""
-        write = write or _print
-        with self._running_cell:
-            world = self.running_set()
-            job = membership.grow(world, self.allocation, nodes, write)
-        if wait:
-            wait_until(lambda: self.take_joined() or any(r.job == job for r in world.ranks), timeout=timeout,
-                       what=f"the ranks of Slurm job {job} to join",
-                       hint=f"it may wait in the queue (squeue -j {job}); %hpc shrink --nodes {nodes} cancels it")
-            write(f"{len(world.ranks)} ranks now, {world.grown[job].ranks} of them in job {job}\n")
-        self._set_state("running")
-        return job
-
-    def take_joined(self) -> bool:
-        """A grown job's ranks join the world once all of them registered (the world re-forms); never while a
-        cell runs (the next cell, or the next look, takes them)."""
-        if self.set is None or self.starting_in_background or not self._running_cell.acquire(blocking=False):
-            return False
-        try:
-            joined = membership.take_joined(self.set)
-        finally:
-            self._running_cell.release()
-        if joined:
-            self._set_state("running")
-        return joined
-
-    def shrink(self, *, nodes: int | None = None, ranks: list[int] | None = None, node: str | None = None) -> str:
-        """Stop ranks (``ranks``, those on ``node``, or the last ``nodes`` nodes: grown jobs' first, jobs still
-        waiting before those) and give their nodes back to Slurm; the world re-forms on the rest. What was done."""
-        with self._running_cell:  # after the cell that runs (the walltime guard's, say)
-            world = self.running_set()
-            membership.take_joined(world)
-            done, self.allocation = membership.shrink(world, self.allocation, nodes=nodes, ranks=ranks, node=node)
-        if self.allocation is not None and self.layout is not None:  # what %hpc restart starts from now on
-            left = min(self.layout.nodes, len(self.allocation.nodes))
-            self.layout = replace(self.layout, nodes=left, n=min(self.layout.n, left * self.layout.per_node))
-        self._set_state("running")
-        return done
 
     # --- what the ranks are doing -------------------------------------------------------------------------
     def running_set(self) -> RunningSet:
@@ -369,7 +278,7 @@ class Engines:
         re-formed, the last checkpoint restored, the cell run again).
         """
         with self._running_cell:  # one cell at a time, whichever thread asks (the walltime guard's, say)
-            write = write or _print
+            write = write or to_stdout
             self.await_background(write)
             if not self.running:
                 self.start(framework=framework)
@@ -400,11 +309,6 @@ def _rest_after() -> float:
         print(f"hpcai: {err.message}; {err.hint}. Idle engines rest after {DEFAULT_AFTER:g} s meanwhile",
               file=sys.stderr, flush=True)
         return DEFAULT_AFTER
-
-
-def _print(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
 
 
 _current: Engines | None = None

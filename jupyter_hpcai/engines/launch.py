@@ -112,7 +112,7 @@ class Srun(Launcher):
                 environ: Mapping[str, str] | None = None, rank_logs: Path | None = None) -> list[str]:
         # label: which rank wrote each line (report.py); beside the kernel's own step, which keeps its CPUs.
         # A rank's death (or its node's) leaves the others running (survive): the kernel stops the world, or goes
-        # on with the survivors (an --elastic cell); RunningSet.launch fails a start on the first task the step
+        # on with the survivors (an --elastic cell); startup.launch fails a start on the first task the step
         # says ended. Each rank's output also goes to a file on its node (rank_logs): when a step ends on a rank's
         # failure, srun can drop the last lines it was forwarding from that rank (here, 1 start in 20 lost them
         # all); slurmstepd writing the file keeps them.
@@ -179,7 +179,7 @@ class LocalMpi(_OpenMPI, _ThisMachine):
 
 
 LAUNCHERS: dict[str, type[Launcher]] = {cls.name: cls for cls in (Srun, Mpirun, Local, LocalMpi)}
-# set per engine set by RunningSet.launch (ranks/boot.py and ranks/telemetry.py read them)
+# set per engine set by startup.launch (ranks/boot.py and ranks/telemetry.py read them)
 RANK_SET_VARS = ("HPCAI_WARM", "HPCAI_CONNECTION_FILE", "HPCAI_CONTROLLER_TIMEOUT", "HPCAI_RANK_FOLDER",
                  "HPCAI_TELEMETRY_INTERVAL", *LAUNCH_VARS)
 

@@ -3,6 +3,7 @@ error that carries every rank's outcome. cells.py runs the cell."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,3 +69,9 @@ class Streamer:
                 self._pending[rank] = []
         if out:
             self.write("".join(line + "\n" for line in out))
+
+
+def to_stdout(text: str) -> None:
+    """The ``Write`` when none is given: the kernel's stdout (the cell's output), flushed at once."""
+    sys.stdout.write(text)
+    sys.stdout.flush()

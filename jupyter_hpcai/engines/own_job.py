@@ -199,6 +199,16 @@ class OwnJob:
     def log_path(self) -> Path:
         return Path(str(self.log).replace("%j", self.job_id))
 
+    def gone(self) -> HPCAIError | None:
+        """The error that says the job no longer runs (a time limit may have ended it); None while it runs."""
+        info = scheduler.job_info(self.job_id)
+        if info and info["JobState"] == "RUNNING":
+            return None
+        state = info["JobState"] if info else "gone"
+        return HPCAIError(f"this kernel's Slurm job {self.job_id} is no longer running ({state})",
+                          f"ask for a new one: %hpc start --nodes {self.request.nodes} --gpus-per-node "
+                          f"{self.request.gpus_per_node} --time ...")
+
     def release(self) -> None:
         """Leave the job and end it (harmless twice): the keepalive stops, its file goes, scancel (only a job of
         this user's with this name: an id Slurm gave out again, long after, is left alone)."""
@@ -235,6 +245,20 @@ class OwnJob:
 
         self.keepalive.write_text("0\n")
         threading.Thread(target=beat, name="hpcai-own-job-keepalive", daemon=True).start()
+
+
+def check_request(ask: Request, launcher: str | None, allocation: Allocation | None, held: OwnJob | None) -> None:
+    """An allocation may be asked for outside any job (``allocation``, unless it is ``held``, the kernel's own job),
+    once, for ranks that srun starts."""
+    if allocation is not None and held is None:
+        raise HPCAIError(f"this kernel runs in Slurm job {allocation.job_id} already",
+                         "leave out --time, --partition and --account: the engines start in that job")
+    if held is not None and held.request != ask:
+        raise HPCAIError(f"this kernel holds Slurm job {held.job_id} ({held.request.describe()})",
+                         "use it (%hpc start without --time), or %hpc stop to release it, then ask again")
+    if launcher not in (None, "srun"):
+        raise HPCAIError(f"the ranks in a job this kernel asks for start with srun, not {launcher}",
+                         "leave out --launcher")
 
 
 def _remove_stale(folder: Path) -> None:

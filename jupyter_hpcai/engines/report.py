@@ -1,4 +1,5 @@
-"""What a launcher said when its ranks died, cut down to the part that names the cause.
+"""What a launcher said when its ranks died, cut down to the part that names the cause; and, to read it, all it
+printed and whether its process has ended.
 
 A dying MPI world prints the same explanation once per rank, interleaved line by line, among routine
 logs. Read per rank (srun's ``--label``, which the local launcher copies, and mpirun's ``--tag-output`` say which
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 # Routine lines: ipyparallel's logs short of errors, TensorFlow's start-up notices.
 ROUTINE = re.compile(r"\[(IPEngine|KernelNanny)[.\d]*\] (?!ERROR|CRITICAL)|: I tensorflow/|^To enable the following")
@@ -81,3 +84,20 @@ def launcher_said(output: str, limit: int = 80) -> str:
         shown.remove(block)
         total -= len(block.lines)
     return "\n".join(b.render() for b in shown)
+
+
+def exited(launcher: Any) -> bool:
+    """Whether a launcher's process has ended (a zombie has). Asks the process: ipyparallel moves ``state`` to
+    'after' from its event loop, which runs only during its own calls."""
+    try:
+        return launcher.process.status() == "zombie" or launcher.poll() is not None
+    except Exception:  # psutil.NoSuchProcess: already reaped
+        return True
+
+
+def printed(launcher: Any) -> str:
+    """All a launcher printed so far (its ``get_output`` caches the first read, so read the file while there)."""
+    try:
+        return Path(launcher.output_file).read_text(errors="replace")
+    except (OSError, TypeError):
+        return launcher.get_output(remove=False) or ""

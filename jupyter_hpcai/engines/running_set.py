@@ -1,28 +1,23 @@
 """One engine set while it runs (in the kernel): its ipyparallel controller and engines, the client that reaches
 them, the ranks as they reported themselves, and the set's folder (contract.py).
 
-``RunningSet.prepare`` then ``launch`` start the controller and the ranks side by side: each rank imports and
-initialises its framework (ranks/boot.py) while the controller starts and the engines register.
-``RunningSet.attach`` takes over a set another kernel of the job started. Running cells on it is cells.py; the
-kernel's handle is engines.py.
+A set is started or attached by startup.py; then the world re-forms on other ranks here (membership.py decides
+who), rests while idle (rest.py decides when), and says what its ranks are doing. Running cells on it is cells.py;
+the kernel's handle is engines.py.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import os
-import re
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import ipyparallel as ipp
-from traitlets.config import Config
 
 from .. import network
 from ..container_launch import ContainerLaunch
@@ -32,24 +27,14 @@ from ..proc import wait_until
 from ..ranks import calls, telemetry
 from ..ranks import stacks as rank_stacks
 from ..ranks import world as rank_world
-from ..ranks.frameworks import DISTRIBUTIONS, FRAMEWORKS, LAUNCH_VARS
+from ..ranks.frameworks import DISTRIBUTIONS, FRAMEWORKS
 from ..scheduler import chosen
 from ..scheduler.allocation import Allocation
 from . import listing
-from .controller import command as tied_controller
-from .launch import LAUNCHERS, Layout, RankSetLauncher
-from .report import launcher_said
+from .launch import LAUNCHERS, Layout
+from .report import exited, launcher_said, printed
 
 scheduler = chosen()
-environment = chosen().environment
-
-Progress = Callable[[int, int], None]  # (engines registered, engines wanted)
-# Heartbeats every 250 ms (a new engine registers at the first beat it answers); 20 misses (5 s) before an
-# engine counts as dead, as before.
-CONTROLLER_ARGS = ["--HeartMonitor.period=250", "--HeartMonitor.max_heartmonitor_misses=20"]
-_start_ids = itertools.count()
-# a rank's task ended, as the scheduler's step says it and the local launcher
-TASK_ENDED = re.compile(rf"^(?:{scheduler.TASK_ENDED}|hpcai-local: error: rank \d+): ", re.M)
 
 
 @dataclass(frozen=True)
@@ -115,19 +100,9 @@ def controller_ip(allocation: Allocation | None) -> str:
                          ) from None
 
 
-def node_addresses(allocation: Allocation | None) -> dict[str, str]:
-    """Every node's Slurm address, for the ranks to find their interface (network.py); none outside a job."""
-    return scheduler.node_addresses(allocation.nodes) if allocation and allocation.nodes else {}
-
-
-def command(layout: Layout, allocation: Allocation | None, folder: Path | None = None) -> list[str]:
-    """The command that starts the ranks for ``layout`` (printable before anything starts)."""
-    return LAUNCHERS[layout.launcher].command(layout, node_addresses(allocation), rank_logs=folder)
-
-
 @dataclass
 class RunningSet:
-    """A started (or attached) engine set. ``framework``: initialised on every rank (cells.py sets it)."""
+    """A started (or attached: startup.py) engine set. ``framework``: initialised on every rank (cells.py sets it)."""
 
     cluster: ipp.Cluster
     client: ipp.Client | None  # None until the controller is up
@@ -149,120 +124,12 @@ class RunningSet:
     rest_request: Any = None  # the request that put it to rest, until a cell waits for it
     stopped: bool = False
 
-    @classmethod
-    def prepare(cls, allocation: Allocation | None, job: str, layout: Layout, warm: str | None, timeout: float,
-                telemetry_interval: float, goes_with_kernel: bool) -> RunningSet:
-        """A set configured and its folder made, nothing started yet (``launch`` starts it). ``job``: the Slurm job
-        (or "local"), the first part of the set's id; ``goes_with_kernel``: the set stops with this kernel."""
-        cluster_id = f"hpcai-{job}-{os.getpid()}-{next(_start_ids)}"  # never a previous start's files
-        config = Config()
-        config.RankSetLauncher.launcher = layout.launcher
-        if goes_with_kernel:  # a killed kernel's controller stops too (controller.py)
-            config.LocalControllerLauncher.controller_cmd = tied_controller(os.getpid())
-        listens = controller_ip(allocation)
-        cluster = ipp.Cluster(n=layout.n, engine_launcher_class=RankSetLauncher, controller_ip=listens,
-                              cluster_id=cluster_id, config=config, engine_timeout=int(timeout), log_level=40,
-                              controller_args=CONTROLLER_ARGS, send_engines_connection_env=False,
-                              shutdown_atexit=goes_with_kernel)
-        # the set's folder sits in the profile, which every node reads already (the connection file); the
-        # command names it, so it is set once the cluster knows its profile
-        folder = listing.create_set_folder(Path(cluster.profile_dir), cluster_id)
-        cluster.config.RankSetLauncher.command = command(layout, allocation, folder)
-        connection_file = Path(cluster.profile_dir) / "security" / f"ipcontroller-{cluster_id}-engine.json"
-        self = cls(cluster, None, folder, layout, warm, telemetry_interval, listens,  # type: ignore[arg-type]
-                   connection_file, timeline=Timeline())
-        self.write_rank_table()  # owned from the start: another kernel's start leaves a starting set alone
-        return self
-
-    def launch(self, allocation: Allocation | None, timeout: float, progress: Progress | None) -> None:
-        """Start the controller and the ranks side by side; return once every rank registered."""
-        cluster, timeline = self.cluster, self.timeline
-        assert timeline is not None
-        cluster.start_controller_sync()
-        timeline.mark("controller process started")
-        # The ranks start now, beside the controller; each waits for the controller's file (ranks/boot.py).
-        addresses = node_addresses(allocation)
-        cluster.start_engines_sync(environment={
-            network.NODE_ADDRS: network.encode_addresses(addresses), "HPCAI_WARM": self.warm or "",
-            "HPCAI_CONNECTION_FILE": str(self.connection_file), "HPCAI_CONTROLLER_TIMEOUT": str(timeout),
-            telemetry.FOLDER_VAR: str(self.folder), telemetry.INTERVAL_VAR: str(self.telemetry_interval),
-            **self._frameworks_env(addresses.values())})
-        timeline.mark("launcher started")
-        listing.record_processes(cluster)
-        try:
-            self.client = cluster.connect_client_sync()
-        except (RuntimeError, TimeoutError) as err:
-            said = launcher_said(_output(cluster.controller)) if cluster.controller else ""
-            raise self._cannot_listen(err, said) from None
-        timeline.mark("controller up")
-        registered = self._wait_for_engines(self.layout.n, timeout, progress)
-        timeline.mark("all registered", max(registered.values()))
-        rank_timelines, _ = self._read_ranks()
-        self.write_rank_table()
-        timeline.ranks_reached(rank_timelines)
-        timeline.mark("rank table + preflight data")
-
-    def _frameworks_env(self, addresses: Iterable[str]) -> dict[str, str]:
-        """What the ranks need to initialise the env's frameworks in this world (a rendezvous the kernel holds,
-        on the controller's address)."""
-        counts = self.layout.counts
-        env = dict.fromkeys(LAUNCH_VARS, "")
-        for framework in FRAMEWORKS.values():
-            if framework.launch_env and framework.installed():
-                try:
-                    env.update(framework.launch_env(self, counts, addresses))
-                except OSError as err:
-                    raise self._cannot_listen(err) from None
-        return env
-
-    def _cannot_listen(self, err: BaseException, said: str = "") -> HPCAIError:
-        """The error for a controller (or a rendezvous beside it) that could not listen where it was told."""
-        where = os.environ.get(environment.NODE_NAME) or "this host"
-        return HPCAIError(f"the ipyparallel controller could not start on {where} (listening on {self.listens}): "
-                          f"{err}" + (f"\nit said:\n{said}" if said else ""),
-                          "check HPCAI_CONTROLLER_IP (an address of this node, or unset), then %hpc start again")
-
     @property
     def connected(self) -> ipp.Client:
         """The client, once the controller is up."""
         if self.client is None:
             raise HPCAIError("the engines are still starting", "wait for the start to end, or %hpc stop")
         return self.client
-
-    @classmethod
-    def attach(cls, allocation: Allocation | None, job: str, cluster_id: str | None, timeout: float) -> RunningSet:
-        """A set running in this job already (an earlier kernel's, or another notebook's), with everything
-        defined on the ranks: ``cluster_id``, else the only set no kernel uses, else the only set. This kernel
-        serves the rendezvous of the worlds it re-forms (a rest, a wake, a grow) at its own address."""
-        found = listing.attachable(job, cluster_id)
-        listens = controller_ip(allocation)
-        cluster = found.cluster()
-        try:
-            client = cluster.connect_client_sync(timeout=timeout)
-        except (RuntimeError, TimeoutError, OSError) as err:
-            raise HPCAIError(f"could not reach the controller of {found.cluster_id}: {err}",
-                             "stop the set (side panel) and start new engines with %hpc start") from None
-        wanted = {r["engine_id"] for r in found.table["ranks"]}
-
-        def registered() -> bool:
-            client.spin()
-            return wanted <= set(client.ids)
-
-        try:
-            wait_until(registered, timeout=timeout, what=f"the {len(wanted)} engines of {found.cluster_id} to answer",
-                       hint="ranks died: stop the set (side panel) and %hpc start new engines")
-        except HPCAIError:
-            client.close()
-            raise
-        self = cls(cluster, client, found.folder, Layout(**found.table["layout"]), found.table.get("warm"),
-                   found.table.get("telemetry_interval", telemetry.DEFAULT_INTERVAL), listens)
-        _, frameworks = self._read_ranks()
-        # initialised on every rank (and kept at rest, or not, alike)
-        self.framework, self.resting = frameworks.pop() if len(frameworks) == 1 else (None, None)
-        self.grown = {job: Grown(*counts) for job, counts in found.table.get("grown", {}).items()}
-        self.changes = 1  # the launch's rendezvous (Horovod's) lived in the kernel that started the set
-        self.write_rank_table(owners=listing.live_owners(found.table))
-        return self
 
     def write_rank_table(self, owners: Sequence[int] = ()) -> None:
         """The rank table, this kernel among the set's owners (the kernels using it)."""
@@ -274,50 +141,7 @@ class RunningSet:
             "grown": {job: [g.nodes, g.ranks] for job, g in self.grown.items()}}
         listing.write_rank_table(self.folder, table)
 
-    def _wait_for_engines(self, n: int, timeout: float, progress: Progress | None) -> dict[int, float]:
-        """Until ``n`` engines registered; when each did (wall clock, as the kernel saw it)."""
-        deadline = time.monotonic() + timeout
-        seen: dict[int, float] = {}
-        while True:
-            self.connected.spin()
-            for eid in self.connected.ids:
-                seen.setdefault(eid, time.time())
-            if len(seen) >= n:
-                break
-            if progress:
-                progress(len(seen), n)
-            if self._a_rank_exited():
-                said = self.launcher_report(wait=0)
-                raise HPCAIError(f"the engine launcher exited before {n} engines registered ({self.dialled()}):"
-                                 f"\n{said}", "check the allocation (squeue), that the env runs on every node, and "
-                                 "that the nodes reach that address (else set HPCAI_CONTROLLER_IP to one they reach)")
-            if time.monotonic() > deadline:
-                said = self.launcher_report(wait=0)
-                raise HPCAIError(f"only {len(seen)} of {n} engines registered within {timeout:g} s ({self.dialled()})"
-                                 + (f"; the launcher and the ranks said:\n{said}" if said else ""),
-                                 "the nodes may be slow to start python (try again with a longer timeout), or may not "
-                                 "reach that address (set HPCAI_CONTROLLER_IP to one they reach)")
-            time.sleep(0.02)
-        if progress:
-            progress(n, n)
-        return seen
-
-    def _a_rank_exited(self) -> bool:
-        """The launcher ended, or (srun and the local launcher leave the other ranks running) said that a rank's
-        task ended."""
-        launchers = list(self.cluster.engines.values())
-        return any(_exited(ln) for ln in launchers) or any(TASK_ENDED.search(_output(ln)) for ln in launchers)
-
-    def dialled(self) -> str:
-        """Where the controller listens and the address the ranks dial (from the connection file they read)."""
-        try:
-            info = json.loads(self.connection_file.read_text()) if self.connection_file else {}
-            dial = f"{info['interface']}:{info['registration']}"
-        except (OSError, ValueError, KeyError):
-            dial = "(no connection file yet)"
-        return f"the controller listens on {self.listens}; the ranks dial {dial}"
-
-    def _read_ranks(self) -> tuple[list[dict[str, float]], set[tuple[str | None, str | None]]]:
+    def read_ranks(self) -> tuple[list[dict[str, float]], set[tuple[str | None, str | None]]]:
         """One round trip: who each engine is and the versions the preflight compares (kept), each rank's boot
         timeline and the frameworks the ranks initialised, each with the one it keeps at rest (returned)."""
         ids = list(self.connected.ids)
@@ -466,7 +290,7 @@ class RunningSet:
     def controller_alive(self) -> bool:
         """True while the controller process (it runs beside the kernel) is there."""
         controller = self.cluster.controller
-        return bool(controller and controller.state == "running") and not _exited(controller)
+        return bool(controller and controller.state == "running") and not exited(controller)
 
     def launcher_report(self, wait: float = 10) -> str:
         """After ranks died: what the launcher printed, once it has exited (waiting at most ``wait`` s), cut down
@@ -474,11 +298,11 @@ class RunningSet:
         blocks whole, once for all the ranks that printed them) and srun's word on dead tasks."""
         launchers = list(self.cluster.engines.values())
         try:
-            wait_until(lambda: all(_exited(ln) for ln in launchers), timeout=wait, what="the launcher to exit")
+            wait_until(lambda: all(exited(ln) for ln in launchers), timeout=wait, what="the launcher to exit")
         except HPCAIError:
             pass  # report what it said so far
         ranks = sorted(self.folder.glob(RANK_LOG.format(rank="*")))
-        return launcher_said("\n".join([*map(_output, launchers), *(p.read_text(errors="replace") for p in ranks)]))
+        return launcher_said("\n".join([*map(printed, launchers), *(p.read_text(errors="replace") for p in ranks)]))
 
     def view(self) -> ipp.DirectView:
         """A DirectView on the ranks, in rank order (for %%px and ipyparallel's own API)."""
@@ -508,20 +332,3 @@ class RunningSet:
     def samples(self) -> list[telemetry.Sample]:
         """Every rank's latest telemetry (read from the set's folder: nothing asks the ranks)."""
         return telemetry.read(self.folder)
-
-
-def _exited(launcher: Any) -> bool:
-    """Whether a launcher's process has ended (a zombie has). Asks the process: ipyparallel moves ``state`` to
-    'after' from its event loop, which runs only during its own calls."""
-    try:
-        return launcher.process.status() == "zombie" or launcher.poll() is not None
-    except Exception:  # psutil.NoSuchProcess: already reaped
-        return True
-
-
-def _output(launcher: Any) -> str:
-    """All a launcher printed so far (its ``get_output`` caches the first read, so read the file while there)."""
-    try:
-        return Path(launcher.output_file).read_text(errors="replace")
-    except (OSError, TypeError):
-        return launcher.get_output(remove=False) or ""
