@@ -242,6 +242,22 @@ def test_each_hpcai_variables_row_names_the_processes_whose_code_uses_it() -> No
                for f in _undeclared_processes({row.name: replace(row, read_by=("rank",))}, named))
 
 
+LONGEST_CLASS = 300  # lines a reader holds at once (issue 56)
+
+
+def _long_classes(sources: dict[str, str]) -> list[str]:
+    return [f"{path}: {node.name} is {node.end_lineno - node.lineno + 1} lines"  # type: ignore[operator]
+            for path, source in sources.items() for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > LONGEST_CLASS]  # type: ignore[operator]
+
+
+def test_no_class_is_longer_than_a_reader_holds() -> None:
+    sources = {str(p.relative_to(REPO)): p.read_text() for p in PACKAGE.rglob("*.py")}
+    assert _long_classes(sources) == []
+    long = "class Long:\n" + "    x = 1\n" * LONGEST_CLASS  # control: one line over
+    assert _long_classes({"long.py": long}) == [f"long.py: Long is {LONGEST_CLASS + 1} lines"]
+
+
 def test_one_place_renders_sbatch_lines() -> None:
     """Every batch script's header comes from jobscript.JobScript, through the Slurm implementation's ``header``:
     no other module writes an #SBATCH line."""
