@@ -59,6 +59,10 @@ def _installed(site: Path, tmp_path: Path) -> tuple[Path, dict[str, str]]:
            "SLURM_CONF": os.environ["SLURM_CONF"], "HPCAI_CONFIG": str(site / "config.toml")}
     where = _run([str(venv / "bin" / "python"), "-c", "import jupyter_hpcai; print(jupyter_hpcai.__file__)"], env)
     assert where.startswith(f"{venv}/lib/"), where  # from the wheel, not the checkout
+    workshop = _run([str(venv / "bin" / "python"), "-c", "import importlib.resources as r; print(sorted(p.name for p "
+                     "in r.files('jupyter_hpcai.devcluster').joinpath('templates').iterdir()))"], env)
+    assert "slurm.conf" in workshop, workshop  # the workshop ships in the wheel, loaded only by its own commands
+    assert "--check" in _run([str(venv / "bin" / "hpcai"), "demo", "--help"], env)
     recipe = (REPO / "recipes" / "tf-horovod-cpu.yaml").read_text()
     recipe = re.sub(r"(?m)^  - -e \.\..*$", f"  - {wheel}", recipe).replace("name: tf-horovod-cpu", f"name: {ENV}")
     (tmp_path / f"{ENV}.yaml").write_text(recipe)
