@@ -4,7 +4,12 @@ types and words they answer in. Standard library only: a rank imports it too.
 A job's record is a dict under the keys of ``RECORD_KEYS``, its state one of Slurm's words (PENDING, RUNNING,
 COMPLETED...: ``TERMINAL_STATES`` are the ends), its times ``YYYY-MM-DDTHH:MM:SS`` and its time limit in
 ``durations``' format: an implementation for another scheduler translates its own into these, as batchspawner's
-``state_ispending`` does.
+``state_ispending`` does. Values the callers read further: ``ExitCode`` is ``code:signal``; ``TresPerNode`` holds
+the GPUs per node as ``gres_gpus`` reads them; ``NodeList`` is a hostlist ``expand_hostlist`` reads; ``BatchHost``
+is a node name ``node_address`` takes; ``Reason`` is Slurm's word for why a job waits (spawner/progress.py's
+``REASONS`` says them in words).
+
+A member a scheduler cannot do raises ``errors.HPCAIError`` with a hint, as a missing command does.
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ class JobEnvironment(Protocol):
     PARTITION: str
     ACCOUNT: str
     NODES: tuple[str, ...]  # the job's nodes, as a hostlist; the first set wins
-    NUM_NODES: tuple[str, ...]
+    NUM_NODES: tuple[str, ...]  # the job's node count; the first set wins
     TASKS: str
     RANK: str
     LOCAL_RANK: str
@@ -72,18 +77,20 @@ class JobEnvironment(Protocol):
     CPUS_PER_TASK: str
     CPUS_ON_NODE: str
     CONFIG: str  # where the client commands find the cluster: passed on to every job
-    PREFIXES: tuple[str, ...]  # a job's own variables: none belongs in another job's
-    STEP_PLACES: tuple[str, ...]  # what a step's task reads of its place
+    PREFIXES: tuple[str, ...]  # name prefixes of a job's own variables: none belongs in another job's
+    STEP_PLACES: tuple[str, ...]  # what a step's task reads of its place (ranks/local.py clears them)
 
-    def job_id(self, env: Mapping[str, str]) -> str | None: ...
-    def node_name(self, env: Mapping[str, str]) -> str: ...
-    def first(self, env: Mapping[str, str], names: tuple[str, ...], default: str = "") -> str: ...
-    def tasks_per_node(self, env: Mapping[str, str]) -> list[int]: ...
-    def gpus_on_node(self, env: Mapping[str, str]) -> int | None: ...
+    def job_id(self, env: Mapping[str, str]) -> str | None: ...  # the job ``env`` is in; None outside one
+    def node_name(self, env: Mapping[str, str]) -> str: ...  # this node's name as the scheduler knows it
+    def first(self, env: Mapping[str, str], names: tuple[str, ...], default: str = "") -> str: ...  # first set
+    def tasks_per_node(self, env: Mapping[str, str]) -> list[int]: ...  # ranks on each of the job's nodes
+    def gpus_on_node(self, env: Mapping[str, str]) -> int | None: ...  # None: the job says nothing of GPUs
+    # a kernel enters a job of its own as salloc would: its variables set in ``env``; the old values returned,
+    # for ``leave`` to put back
     def enter(self, env: MutableMapping[str, str], job: str, nodelist: str, partition: str, tasks_per_node: int,
               nodes: int, account: str = "") -> dict[str, str]: ...
     def leave(self, env: MutableMapping[str, str], entered: Mapping[str, str]) -> None: ...
-    def narrow(self, env: MutableMapping[str, str], nodelist: str, nodes: int, tasks: int) -> None: ...
+    def narrow(self, env: MutableMapping[str, str], nodelist: str, nodes: int, tasks: int) -> None: ...  # shrunk
 
 
 class ContainerClient(Protocol):
@@ -91,8 +98,8 @@ class ContainerClient(Protocol):
 
     HOST_BIN: str  # the folder of wrappers, inside the container
 
-    def client_paths(self, environ: dict[str, str] | None = None) -> list[str]: ...
-    def host_client_binds(self) -> list[str]: ...
+    def client_paths(self, environ: dict[str, str] | None = None) -> list[str]: ...  # the client's files on the host
+    def host_client_binds(self) -> list[str]: ...  # udocker --volume values for them
     def write_wrappers(self, folder: Path) -> None: ...
 
 
@@ -108,26 +115,30 @@ class Scheduler(Protocol):
     SUBMITTERS: tuple[str, ...]  # the commands the hub runs as each user (submit, test a submission, cancel)
     PING: tuple[str, ...]  # whether the controller answers
 
+    # submits (``args``: the options from job_options, or a script's path; ``script``: a script on stdin): its id
     def submit(self, args: list[str], env: Mapping[str, str] | None = None, timeout: float = 30,
                script: str | None = None) -> int: ...
-    def test_only(self, args: Sequence[str]) -> list[str]: ...
-    def test_script(self) -> list[str]: ...
-    def expected_start(self, answer: str) -> float | None: ...
-    def cancel_argv(self, job: int | str, *, user: str = "", name: str = "") -> list[str]: ...
-    def set_time_limit(self, job: int | str, limit: str) -> str: ...
+    def test_only(self, args: Sequence[str]) -> list[str]: ...  # the test of a submission with these options
+    def test_script(self) -> list[str]: ...  # the test of a script read from stdin
+    def expected_start(self, answer: str) -> float | None: ...  # a test's stdout and stderr: when (epoch seconds)
+    def cancel_argv(self, job: int | str, *, user: str = "", name: str = "") -> list[str]: ...  # only if user's/named
+    def set_time_limit(self, job: int | str, limit: str) -> str: ...  # a command line (batchspawner's run_command)
+    # a job's record (the module's docstring), or None: the scheduler no longer knows the job
     def job_info(self, job_id: int | str, env: Mapping[str, str] | None = None) -> dict[str, str] | None: ...
-    def jobs_info(self, job_ids: Sequence[int | str],
+    def jobs_info(self, job_ids: Sequence[int | str],  # one query for many; a job not in the answer is gone
                   env: Mapping[str, str] | None = None) -> dict[str, dict[str, str]]: ...
-    def user_jobs(self, user: str, env: Mapping[str, str] | None = None) -> list[str]: ...
+    def user_jobs(self, user: str, env: Mapping[str, str] | None = None) -> list[str]: ...  # their job ids
+    # the job's log, line by line, until the job ends: its exit code
     def follow_output(self, job_id: int | str, log: Path, on_line: Callable[[str], None],
                       poll: float = 0.5) -> int: ...
     def nodes(self, env: Mapping[str, str] | None = None) -> list[Node]: ...
     def partitions(self, env: Mapping[str, str] | None = None) -> list[Partition]: ...
+    # why jobs of different users may share a node of ``partition`` (the site check), or None
     def shared_between_users(self, partition: str, env: Mapping[str, str] | None = None) -> str | None: ...
-    def node_address(self, name: str, env: Mapping[str, str] | None = None) -> str: ...
+    def node_address(self, name: str, env: Mapping[str, str] | None = None) -> str: ...  # where others reach it
     def node_addresses(self, names: list[str], env: Mapping[str, str] | None = None) -> dict[str, str]: ...
-    def expand_hostlist(self, hostlist: str) -> list[str]: ...
-    def gres_gpus(self, gres: str) -> int: ...
+    def expand_hostlist(self, hostlist: str) -> list[str]: ...  # a record's NodeList: the node names
+    def gres_gpus(self, gres: str) -> int: ...  # a record's TresPerNode: GPUs per node
 
     # -- batch scripts: their header and the lines that know the job -----------------------------------------------
     JOB_ID_IN_SHELL: str  # the job's id, in its batch shell

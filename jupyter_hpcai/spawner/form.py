@@ -117,7 +117,7 @@ class SpawnForm:
     # the form's last rejected submission (or a link's choices), shown again with a message per field
     _rejected: tuple[dict[str, str], dict[str, str]] | None = None
     _from_link = False  # those choices came with a link (options_from_query): the form says nothing started
-    _validated: tuple[dict[str, Any], SpawnOptions, Profile] | None = None  # the last check (_validate), until its start
+    _validated: tuple[dict[str, Any], SpawnOptions, Profile] | None = None  # the last check, until its start ends
 
     def _profiles(self) -> list[Profile]:
         return [Profile(**p) for p in self.profiles]

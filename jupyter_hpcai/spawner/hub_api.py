@@ -43,7 +43,6 @@ from tornado import web
 from ..contract import token_digest
 from ..errors import HPCAIError
 from ..replies import extend_seconds, refuse
-from ..scheduler.allocation import end_time
 from .fairness import SHARES, TooMany
 
 PORT_PATH = r"/api/batchspawner"
@@ -136,9 +135,15 @@ def follow_up_name(job_id: str) -> str:
     return f"after-{int(job_id)}"
 
 
-def _seconds_left(job_id: str) -> int:
-    end = end_time(job_id)
-    return max(0, int((end - dt.datetime.now()).total_seconds())) if end else 0
+async def _seconds_left(spawner: Any) -> int:
+    """Seconds until ``spawner``'s job reaches its time limit, from its record as it is now (the hub's shared
+    queries); 0 without a limit or a record."""
+    info = await spawner.queries.fresh_job_info(spawner.job_id) or {}
+    try:
+        end = dt.datetime.fromisoformat(info.get("EndTime", ""))
+    except ValueError:  # "Unknown", or no record
+        return 0
+    return max(0, int((end - dt.datetime.now()).total_seconds()))
 
 
 class ContinueHandler(APIHandler):  # type: ignore[misc]
@@ -185,7 +190,7 @@ class ContinueHandler(APIHandler):  # type: ignore[misc]
         """Start the named server ``name`` with ``current``'s options, waiting in Slurm's queue for its job."""
         await self._check_named_server_request(user, name, name)
         follower = user.get_or_create_spawner(name, name, replace_failed=True)
-        follower.follow(current.job_id, await asyncio.to_thread(_seconds_left, current.job_id))
+        follower.follow(current.job_id, await _seconds_left(current))
         await self.spawn_single_user(user, name, name, options=dict(current.user_options or {}))
         return follower
 

@@ -47,7 +47,8 @@ class Submission:
                 raise refused(500, HPCAIError(f"could not make the job log folder {self.job_log_folder()} as "
                                                f"{self.user.name}: {err}", "tell the site's admins")) from None
             try:
-                await self.run_command(f"{as_user} {shlex.join(scheduler.test_script())}", input=await asyncio.to_thread(self.job_script),
+                script = await asyncio.to_thread(self.job_script)
+                await self.run_command(f"{as_user} {shlex.join(scheduler.test_script())}", input=script,
                                        env=self.get_env())
             except RuntimeError as err:
                 said = re.sub(r"^[\w-]+: error: ", "", str(err))  # the command's own prefix ("sbatch: error: ")
