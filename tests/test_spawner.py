@@ -72,7 +72,8 @@ def test_bad_options_name_the_field(raw: dict[str, str], field: str, message: st
 def test_a_start_validates_its_options_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             bench: list[str]) -> None:
     """The form's check, then the start's and its two scripts' (the test submission's and the submission's): one
-    validation, where issue 56 counted four. Options that differ from the checked ones are validated again."""
+    validation, where issue 56 counted four. Options that differ from the checked ones, or a check older than a
+    start's, are validated again."""
     from jupyter_hpcai.spawner import form, spawner as module
 
     checked: list[dict[str, object]] = []
@@ -94,6 +95,9 @@ def test_a_start_validates_its_options_once(tmp_path: Path, monkeypatch: pytest.
                  f"{len(checked)} now; 4 before the change (issue 56's count in the code of b157952)")
     spawner.user_options = {**spawner.user_options, "walltime": "00:30:00"}  # not what the form's check returned
     assert "--time=00:30:00" in spawner.job_script() and len(checked) == 2
+    monkeypatch.setattr(form, "CHECK_KEPT_FOR", -1.0)  # a check older than that is not a start's: checked again
+    spawner.job_script()
+    assert len(checked) == 3
 
 
 def test_start_estimates_in_words() -> None:

@@ -15,6 +15,8 @@ from typing import Any
 from tornado.web import HTTPError
 
 from .as_user import command_env
+
+CHECK_KEPT_FOR = 60.0  # seconds the form's check of a start's options stands for the start that follows
 from .options import FIELDS, Limit, OptionsError, Profile, SpawnOptions, merge_limits, validate
 
 STYLE = """<style>
@@ -117,7 +119,8 @@ class SpawnForm:
     # the form's last rejected submission (or a link's choices), shown again with a message per field
     _rejected: tuple[dict[str, str], dict[str, str]] | None = None
     _from_link = False  # those choices came with a link (options_from_query): the form says nothing started
-    _validated: tuple[dict[str, Any], SpawnOptions, Profile] | None = None  # the last check, until its start ends
+    # the last check: (the options as checked, their model, their profile, when), for the start that follows
+    _validated: tuple[dict[str, Any], SpawnOptions, Profile, float] | None = None
 
     def _profiles(self) -> list[Profile]:
         return [Profile(**p) for p in self.profiles]
@@ -133,15 +136,17 @@ class SpawnForm:
         """``raw`` checked against the profiles, the limits and the environments, and remembered: the start that
         follows (its check, its two scripts) uses these, and validates again only options that differ."""
         options, profile = validate(raw, self._profiles(), self._limits(), self._environments())
-        self._validated = (options.model_dump(), options, profile)
+        self._validated = (options.model_dump(), options, profile, time.monotonic())
         self.log.info("%s: options checked: %s", self._log_name, self._validated[0])
         return options, profile
 
     def _valid(self) -> tuple[SpawnOptions, Profile]:
-        """user_options, validated once per start (_validate): the form's check, if they are what it returned."""
-        raw = self.user_options or {}
-        if self._validated is not None and self._validated[0] == raw:
-            return self._validated[1], self._validated[2]
+        """user_options, validated once per start (_validate): the form's check, if they are what it returned and
+        it is at most CHECK_KEPT_FOR seconds old (the start JupyterHub runs at once); else checked now. Each start
+        forgets the check as it ends, refused or not."""
+        raw, kept = self.user_options or {}, self._validated
+        if kept is not None and kept[0] == raw and time.monotonic() - kept[3] <= CHECK_KEPT_FOR:
+            return kept[1], kept[2]
         return self._validate(raw)
 
     async def current_limits(self) -> dict[str, Limit]:

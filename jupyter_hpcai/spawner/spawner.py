@@ -225,14 +225,14 @@ class HPCSlurmSpawner(SpawnForm, Submission, StartShare, ServerCheck, StartProgr
             compat.check(self.config)
         except HPCAIError as err:
             raise refused(500, err) from None
-        self.check_account()
-        self._check_share()
         try:
-            self._options, _ = await asyncio.to_thread(self._valid)
-        except OptionsError as err:
-            raise refused(400, err) from None
-        self._held_for, self._held_seen = 0.0, None
-        try:
+            self.check_account()
+            self._check_share()
+            try:
+                self._options, _ = await asyncio.to_thread(self._valid)
+            except OptionsError as err:
+                raise refused(400, err) from None
+            self._held_for, self._held_seen = 0.0, None
             await self._submit()
         finally:  # the next start checks its options again: the limits or the site's environments may have changed
             self._validated = None
