@@ -72,8 +72,8 @@ def test_bad_options_name_the_field(raw: dict[str, str], field: str, message: st
 def test_a_start_validates_its_options_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             bench: list[str]) -> None:
     """The form's check, then the start's and its two scripts' (the test submission's and the submission's): one
-    validation, where issue 56 counted four. Options that differ from the checked ones, or a check older than a
-    start's, are validated again."""
+    validation, where issue 56 counted four. Options that differ from the checked ones (in type too), settings that
+    changed since (a group's override), or a check older than a start's, are validated again."""
     from jupyter_hpcai.spawner import form, spawner as module
 
     checked: list[dict[str, object]] = []
@@ -98,6 +98,17 @@ def test_a_start_validates_its_options_once(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(form, "CHECK_KEPT_FOR", -1.0)  # a check older than that is not a start's: checked again
     spawner.job_script()
     assert len(checked) == 3
+    monkeypatch.setattr(form, "CHECK_KEPT_FOR", 60.0)
+    spawner.user_options = {**spawner.user_options, "nodes": True}  # equal to the checked 1, but no whole number
+    with pytest.raises(OptionsError) as err:
+        spawner.job_script()
+    assert "nodes" in err.value.errors and len(checked) == 4
+    spawner.user_options = {**spawner.user_options, "nodes": 1}
+    spawner.job_script()
+    spawner.profiles = [PROFILES[1].model_dump()]  # a group's override (or a pre-spawn hook) after the form's check
+    with pytest.raises(OptionsError) as err:
+        spawner.job_script()
+    assert "unknown profile" in err.value.errors["profile"] and len(checked) == 5  # the 1 above was the cached one
 
 
 def test_start_estimates_in_words() -> None:

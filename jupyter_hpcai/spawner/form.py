@@ -119,8 +119,9 @@ class SpawnForm:
     # the form's last rejected submission (or a link's choices), shown again with a message per field
     _rejected: tuple[dict[str, str], dict[str, str]] | None = None
     _from_link = False  # those choices came with a link (options_from_query): the form says nothing started
-    # the last check: (the options as checked, their model, their profile, when), for the start that follows
-    _validated: tuple[dict[str, Any], SpawnOptions, Profile, float] | None = None
+    # the last check: (what it checked: the options and the settings, as JSON; their model; their profile; when),
+    # for the start that follows
+    _validated: tuple[str, SpawnOptions, Profile, float] | None = None
 
     def _profiles(self) -> list[Profile]:
         return [Profile(**p) for p in self.profiles]
@@ -136,16 +137,23 @@ class SpawnForm:
         """``raw`` checked against the profiles, the limits and the environments, and remembered: the start that
         follows (its check, its two scripts) uses these, and validates again only options that differ."""
         options, profile = validate(raw, self._profiles(), self._limits(), self._environments())
-        self._validated = (options.model_dump(), options, profile, time.monotonic())
-        self.log.info("%s: options checked: %s", self._log_name, self._validated[0])
+        self._validated = (self._checked_against(options.model_dump()), options, profile, time.monotonic())
+        self.log.info("%s: options checked: %s", self._log_name, options.model_dump())
         return options, profile
 
+    def _checked_against(self, raw: dict[str, Any]) -> str:
+        """``raw`` and the settings a check reads, as one JSON text: a check stands only for exactly these options
+        (types too: true is not 1) under exactly these settings (a group's override or a pre-spawn hook may change
+        them between the form's check and the start)."""
+        settings = [self.profiles, self.limits, list(self.partitions), self.environments]
+        return json.dumps([raw, settings], sort_keys=True, default=str)
+
     def _valid(self) -> tuple[SpawnOptions, Profile]:
-        """user_options, validated once per start (_validate): the form's check, if they are what it returned and
-        it is at most CHECK_KEPT_FOR seconds old (the start JupyterHub runs at once); else checked now. Each start
-        forgets the check as it ends, refused or not."""
+        """user_options, validated once per start (_validate): the form's check, if they are what it returned, the
+        settings are those it read, and it is at most CHECK_KEPT_FOR seconds old (the start JupyterHub runs at
+        once); else checked now. Each start forgets the check as it ends, refused or not."""
         raw, kept = self.user_options or {}, self._validated
-        if kept is not None and kept[0] == raw and time.monotonic() - kept[3] <= CHECK_KEPT_FOR:
+        if kept is not None and time.monotonic() - kept[3] <= CHECK_KEPT_FOR and kept[0] == self._checked_against(raw):
             return kept[1], kept[2]
         return self._validate(raw)
 

@@ -25,8 +25,10 @@ from ..scheduler import chosen
 
 scheduler = chosen()
 
-# the queries' own threads: a storm of forms, starts and checks on the default pool never delays the cycle's squeue
+# the queries' own threads: a storm of forms, starts and checks on the default pool never delays the cycle's squeue;
+# nor do the records asked for fresh (extend, a follow-up's wait) while the controller is slow
 POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hpcai-job-states")
+FRESH_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hpcai-job-fresh")
 FORGET_AFTER = 300  # seconds: a job nobody asked about for this long leaves the query
 LOG_EVERY = 60
 
@@ -58,7 +60,7 @@ class JobStates:
             found = self._snapshot[job_id]
         else:  # asked for, and missing: gone, or just out of squeue's sight; its own answer decides
             self._count()
-            found = await asyncio.get_running_loop().run_in_executor(POOL, scheduler.job_info, job_id)
+            found = await asyncio.get_running_loop().run_in_executor(FRESH_POOL, scheduler.job_info, job_id)
         self._log(log)
         return found
 
@@ -66,7 +68,7 @@ class JobStates:
         """Slurm's record of ``job_id`` now, asked for on its own (what a decision on a value the hub itself just
         changed needs: an extend's time limit); the cycle's snapshot takes it too."""
         self._count()
-        found = await asyncio.get_running_loop().run_in_executor(POOL, scheduler.job_info, job_id)
+        found = await asyncio.get_running_loop().run_in_executor(FRESH_POOL, scheduler.job_info, job_id)
         if found is not None and job_id in self._snapshot:
             self._snapshot[job_id] = found
         return found
