@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -67,13 +69,30 @@ class JobKernel:
         # stop_on_error=False: ipykernel 7 aborts an execute request that reaches it in the instant after an error
         # reply (its abort flag is cleared by a message it queues itself). A person never sends that fast; a test
         # does, and would see 'aborted' for a cell that followed an error. Nothing is ever queued here anyway.
-        try:
-            reply = self.client.execute_interactive(code, timeout=timeout, output_hook=hook, stop_on_error=False)
-        except TimeoutError:
-            raise TimeoutError(f"no reply within {timeout:g} s; the cell printed:\n{cell.stdout[-3000:]}\n"
-                               f"{self._logs()}") from None
-        cell.status = reply["content"]["status"]
-        return cell
+        # Read here, not with execute_interactive: its loop once spun for 20 minutes past its timeout in a full run
+        # (its poller kept reporting a socket it then found nothing on), and a fixture has no pytest timeout.
+        deadline = time.monotonic() + timeout
+        msg_id = self.client.execute(code, stop_on_error=False, allow_stdin=False)
+
+        def left() -> float:
+            if (seconds := deadline - time.monotonic()) <= 0:
+                raise TimeoutError(f"no reply within {timeout:g} s; the cell printed:\n{cell.stdout[-3000:]}\n"
+                                   f"{self._logs()}")
+            return min(seconds, 5.0)
+
+        idle = False
+        while not idle:
+            with suppress(queue.Empty):
+                msg = self.client.get_iopub_msg(timeout=left())
+                if msg["parent_header"].get("msg_id") == msg_id:
+                    hook(msg)
+                    idle = msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
+        while True:
+            with suppress(queue.Empty):
+                reply = self.client.get_shell_msg(timeout=left())
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    cell.status = reply["content"]["status"]
+                    return cell
 
 
 # NODE_ADDRESS, in a job's shell line: the node's address as Slurm knows it (the job script's own expression),
