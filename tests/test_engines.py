@@ -490,6 +490,7 @@ def test_benchmark_allreduce_across_hosts(devcluster, tf_env, bench: list[str]) 
                      f" = {across / one:.2f} (dev cluster: {devcluster.mode}; 3 alternating runs, medians)")
 
 
+@pytest.mark.timeout(1200)  # its cell may take 900 s: twelve alternating training runs and 40 dispatches, beside the other process
 def test_benchmarks(world: JobKernel, bench: list[str]) -> None:
     """Printed, not asserted: training throughput, dispatch latency and start time against their baselines.
     Throughput: the same training script through %%horovod_run and through srun as horovodrun would start it, over
