@@ -174,6 +174,13 @@ def _processes_of(path: str) -> set[str]:
     return PROCESSES[prefix] if prefix else CODE_PROCESSES | {"tests"}
 
 
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring nodes in ``tree`` (module, class and function docstrings): prose, not code."""
+    return {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+
+
 def _variables_named() -> dict[str, set[str]]:
     """HPCAI_* name -> the files whose code names it: in a string that is not a docstring, or through a module-level
     constant that holds it (``GRACE_VAR = "HPCAI_OWN_JOB_GRACE"``); contract.py's rows aside (they declare)."""
@@ -185,9 +192,7 @@ def _variables_named() -> dict[str, set[str]]:
     named: dict[str, set[str]] = {}
     for path, source in sources.items():
         tree = ast.parse(source)
-        skip = {id(n.body[0].value) for n in ast.walk(tree)
-                if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body
-                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        skip = _docstrings(tree)
         skip |= {id(n.value) for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
                  and HPCAI_NAME.fullmatch(str(n.value.value))}  # X_VAR = "HPCAI_X" defines it; X_VAR's uses count
         if path == PACKAGE / "contract.py":
@@ -307,9 +312,7 @@ def _names_the_scheduler(source: str) -> list[str]:
     """Where ``source`` runs a scheduler command (an argument list or tuple that starts with one, a command line in
     a string) or names a scheduler variable in a string (its docstrings and comments aside)."""
     tree = ast.parse(source)
-    docs = {id(node.body[0].value) for node in ast.walk(tree)
-            if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body
-            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    docs = _docstrings(tree)
     unpacked = {id(node.value) for node in ast.walk(tree)  # name, kind = "srun", True: values, not a command
                 if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple)}
     pieces = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}  # read whole
