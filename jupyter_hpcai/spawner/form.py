@@ -137,8 +137,9 @@ class SpawnForm:
         """``raw`` checked against the profiles, the limits and the environments, and remembered: the start that
         follows (its check, its two scripts) uses these, and validates again only options that differ."""
         options, profile = validate(raw, self._profiles(), self._limits(), self._environments())
-        self._validated = (self._checked_against(options.model_dump()), options, profile, time.monotonic())
-        self.log.info("%s: options checked: %s", self._log_name, options.model_dump())
+        checked = options.model_dump()
+        self._validated = (self._checked_against(checked), options, profile, time.monotonic())
+        self.log.info("%s: options checked: %s", self._log_name, checked)
         return options, profile
 
     def _checked_against(self, raw: dict[str, Any]) -> str:
