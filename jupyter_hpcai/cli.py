@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console, RenderableType
@@ -96,17 +96,27 @@ def devcluster() -> None:
 @click.option("--netns-prefix", default="hpcai-", show_default=True, help="Node i's namespace is PREFIXni.")
 @click.option("--first-job-id", default=1, show_default=True, type=click.IntRange(1, 67_000_000),
               help="The first job's id: clusters side by side keep their job ids apart.")
+@click.option("--accounting/--no-accounting", default=True, show_default=True,
+              help="Run slurmdbd on a MariaDB server of the cluster's own (ports PORT+100 and +101), enforcing "
+                   "associations, limits and QOS: projects climate and genomics (genomics with a GPU-hour budget), "
+                   "QOS normal (4 h) and debug (30 min, 2 GPUs per user).")
+@click.option("--slurm", "slurm", metavar="PREFIX", default=None,
+              help="Run the Slurm installed in PREFIX (its sbin/ and bin/; scripts/build-slurm.sh builds 24.11 into "
+                   "one) [default: $HPCAI_SLURM, else the system's]. `hpcai devcluster env` then puts its bin/ first "
+                   "on PATH.")
 @state_dir_option
 def devcluster_up(nodes: int, gpus_per_node: int, port: int, single_host: bool, network: str, bridge: str,
-                  netns_prefix: str, first_job_id: int, state_dir: Path | None) -> None:
+                  netns_prefix: str, first_job_id: int, accounting: bool, slurm: str | None,
+                  state_dir: Path | None) -> None:
     """Start the dev cluster (harmless when it already runs) and wait until every node is idle."""
-    kwargs = {"state_dir": state_dir} if state_dir else {}
+    kwargs: dict[str, Any] = {"state_dir": state_dir} if state_dir else {}
+    kwargs.update({"slurm": str(Path(slurm).absolute()) if slurm else ""} if slurm is not None else {})
     from .devcluster import DevCluster
 
     cluster = DevCluster(nodes=nodes, gpus_per_node=gpus_per_node, port=port, separate_hosts=not single_host,
                          network=network, bridge=bridge, netns_prefix=netns_prefix, first_job_id=first_job_id,
-                         **kwargs)
-    with console.status("starting munge, slurmctld and the slurmds..."):
+                         accounting=accounting, **kwargs)
+    with console.status("starting munge, " + ("MariaDB, slurmdbd, " if accounting else "") + "slurmctld and the slurmds..."):
         cluster.up()
     if cluster.note:
         console.print(f"[yellow]note:[/] the nodes share this host's loopback: {esc(cluster.note)}")
@@ -123,7 +133,8 @@ def devcluster_status(state_dir: Path | None, as_json: bool) -> None:
     """Show the daemons and the nodes.
 
     With --json: one object with keys state_dir, conf, running (true when every daemon runs), mode and note
-    (null before the first up), login_address, daemons (a list of {name, pid}; pid null when not running) and
+    (null before the first up), login_address, slurm (its version, e.g. "22.05"; null before the first up), accounting (true when slurmdbd
+    keeps its accounting), daemons (a list of {name, pid}; pid null when not running) and
     nodes (a list of {name, address, state, partitions, cpus, gpus, usable}; empty while slurmctld is down).
     """
     _show_status(_loaded(state_dir), as_json)
@@ -153,7 +164,8 @@ def _loaded(state_dir: Path | None) -> DevCluster:
 
 def _show_status(cluster: DevCluster, as_json: bool = False) -> None:
     status = cluster.status()
-    daemons = Table("daemon", "pid", title=f"dev cluster in {esc(status.state_dir)}")
+    daemons = Table("daemon", "pid", title=f"dev cluster in {esc(status.state_dir)}: Slurm {esc(status.slurm)}, "
+                    + ("accounting in slurmdbd" if status.accounting else "no accounting"))
     for name, pid in status.daemons.items():
         daemons.add_row(esc(name), str(pid) if pid else "[red]not running[/]")
     nodes = Table("node", "address", "state", "partitions", "cpus", "gpus",
@@ -165,6 +177,7 @@ def _show_status(cluster: DevCluster, as_json: bool = False) -> None:
     data = {
         "state_dir": str(status.state_dir), "conf": str(status.conf), "running": all(status.daemons.values()),
         "mode": status.mode or None, "note": status.note or None, "login_address": status.login_address,
+        "slurm": status.slurm or None, "accounting": status.accounting,
         "daemons": [{"name": name, "pid": pid} for name, pid in status.daemons.items()],
         "nodes": [{"name": n.name, "address": status.addresses.get(n.name), "state": n.state,
                    "partitions": list(n.partitions), "cpus": n.cpus, "gpus": n.gpus, "usable": n.usable}
@@ -630,13 +643,17 @@ def site_check(config_file: Path, user: str, as_json: bool) -> None:
 @click.option("--dir", "folder", type=click.Path(file_okay=False, path_type=Path), default=joblog.DEFAULT_DIR,
               show_default=True, help="Where the hub's jobs write their logs (the site's HPCSlurmSpawner.job_log_dir).")
 def logs(job: str | None, follow: bool, folder: Path) -> None:
-    """Print the log of your latest notebook server job, or of JOB (its path first, on stderr)."""
+    """Print the log of your latest notebook server job, or of JOB (its path first, on stderr; once the job has
+    ended, how it ended, from Slurm's accounting, last)."""
     path = joblog.find(folder, job)
     click.echo(f"==> {path} <==", err=True)
     if follow:
         joblog.follow(path, lambda text: click.echo(text, nl=False))
     else:
         click.echo(path.read_text(errors="replace"), nl=False)
+    said = joblog.ending(path)
+    if said:
+        click.echo(f"==> {said}", err=True)
 
 
 @cli.command()

@@ -132,6 +132,12 @@ _ROWS = [
     # the dev cluster, the demo hub (spawner_config/demo_config.py), the benchmarks and the tests
     Variable("HPCAI_DEVCLUSTER_DIR", ("user", "cli", "tests"), ("cli", "hub", "tests"),
              "the dev cluster's state: configs, spool, logs (default /var/lib/hpcai/devcluster)"),
+    Variable("HPCAI_SLURM", ("user", "tests"), ("cli", "tests"),
+             "the Slurm the dev cluster runs: an install prefix (scripts/build-slurm.sh builds 24.11 into one); "
+             "empty for the system's (Debian's 22.05)"),
+    Variable("HPCAI_TEST_ARTIFACTS", ("tests",), ("tests",),
+             "where a test run writes its attack table, benchmark lines and timeline (default test-artifacts/; the "
+             "oldest Slurm's subset writes test-artifacts/slurm-22.05/)"),
     Variable("HPCAI_HUB_DIR", ("cli", "user", "tests"), ("hub", "cli"),
              "the demo hub's state: database, secrets, pid files, log (default /var/lib/hpcai/hub)"),
     Variable("HPCAI_HUB_PORT", ("cli", "user", "tests"), ("hub", "cli"), "the demo hub's public port (default 8000)"),

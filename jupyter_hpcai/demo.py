@@ -26,6 +26,7 @@ from typing import Any
 from . import kernelspec, paths
 from .asuser import as_user
 from .devcluster import DevCluster
+from .devcluster.accounting import PROJECTS
 from .envs import Builder, EnvStore, load_recipe, open_env
 from .errors import HPCAIError
 from .paths import open_private, private_dir, write_private
@@ -209,9 +210,10 @@ async def execute(base_url: str, token: str, kernel_id: str, code: str, timeout:
     return result
 
 
-def ensure_user(name: str) -> None:
+def ensure_user(name: str, projects: tuple[str, ...] | None = None) -> None:
     """The unix user ``name``, made if missing; another process making users at once (it holds /etc/passwd's lock,
-    or made this one first) is waited for."""
+    or made this one first) is waited for. Where the dev cluster keeps accounting, the user gets associations with
+    ``projects`` (default: its first), as a site's admin gives each new user."""
 
     def made() -> bool:
         try:
@@ -221,6 +223,9 @@ def ensure_user(name: str) -> None:
                                   capture_output=True, timeout=60).returncode == 0
 
     wait_until(made, timeout=60, what=f"the user {name} to exist (useradd)")
+    cluster = DevCluster.load()
+    if cluster.running():
+        cluster.enrol(name, projects)
 
 
 def prepare(say: Say) -> HubProcess:
@@ -236,7 +241,7 @@ def prepare(say: Say) -> HubProcess:
     with ThreadPoolExecutor(1, thread_name_prefix="hpcai-demo-env") as pool:
         building = pool.submit(_build_env, say)
         with timed(say, "demo user, examples and hub"):
-            ensure_user(DEMO_USER)
+            ensure_user(DEMO_USER, PROJECTS)  # in both projects: the form offers a choice of account
             for line in copy_examples(DEMO_USER):
                 say(line)
             state = paths.hub_dir()

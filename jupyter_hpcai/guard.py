@@ -67,10 +67,8 @@ class WalltimeGuard:
 
     def _warning(self) -> str:
         job = environment.job_id(self.environ) or "?"
-        alloc = allocation.Allocation.current(self.environ)
-        left = alloc.seconds_left() if alloc else None
-        when = (f" at {alloc.end_time:%H:%M:%S} (in about {left / 60:.0f} min)"
-                if alloc and alloc.end_time and left is not None else " soon")
+        end = allocation.walltime_end(self.signal or time.time(), self.environ)
+        when = f" at {time.strftime('%H:%M:%S', time.localtime(end))} (in about {max(0.0, end - time.time()) / 60:.0f} min)"
         return (f"hpcai: Slurm job {job} reaches its walltime{when}. The ranks' walltime hooks (hpc.on_walltime) "
                 "run as soon as they are idle; save anything else now.\n")
 
@@ -93,9 +91,8 @@ class WalltimeGuard:
         engines = self.engines()
         if not engines.running:
             return
-        alloc = allocation.Allocation.current(self.environ)
-        left = alloc.seconds_left() if alloc else None
-        timeout = max(5.0, left - MARGIN) if left is not None else None
+        left = allocation.walltime_end(self.signal or time.time(), self.environ) - time.time()
+        timeout = max(5.0, left - MARGIN)
         say = write or self._say
         try:
             reports = engines.checkpoint(pending_only=True, timeout=timeout, write=say)

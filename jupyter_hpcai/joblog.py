@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .errors import HPCAIError
 from .scheduler import chosen
+from .scheduler.ends import explain
 from .scheduler.interface import TERMINAL_STATES
 
 scheduler = chosen()
@@ -50,6 +51,19 @@ def job_of(path: Path) -> str:
     if not found:
         raise HPCAIError(f"{path.name} is not a notebook job's log (jupyterhub-JOBID.log)", "name the job: hpcai logs JOB")
     return found[1]
+
+
+def ending(path: Path) -> str | None:
+    """How the log's job ended, in words (the scheduler's accounting), once it has left the queue; None while it
+    runs, where the site keeps no accounting, or for a log not named after its job."""
+    found = NAME.fullmatch(path.name)
+    if not found or ((scheduler.job_info(found[1]) or {}).get("JobState") or "COMPLETED") not in TERMINAL_STATES:
+        return None
+    try:
+        end = scheduler.job_end(found[1])
+    except HPCAIError:
+        return None
+    return explain(end) if end else None
 
 
 def follow(path: Path, write: Callable[[str], None], interval: float = 0.5) -> None:

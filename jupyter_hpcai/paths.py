@@ -18,6 +18,11 @@ def devcluster_dir() -> Path:
     return Path(os.environ.get("HPCAI_DEVCLUSTER_DIR", "/var/lib/hpcai/devcluster"))
 
 
+def slurm_prefix() -> str:
+    """Where the Slurm the dev cluster runs is installed (its bin/ and sbin/), "" for the system's. ``HPCAI_SLURM``."""
+    return os.environ.get("HPCAI_SLURM", "")
+
+
 def hub_dir() -> Path:
     """The demo hub's state (database, secrets, pid files, log). ``HPCAI_HUB_DIR``."""
     return Path(os.environ.get("HPCAI_HUB_DIR", "/var/lib/hpcai/hub"))

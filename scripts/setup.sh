@@ -5,6 +5,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
   slurm-wlm munge                       # the dev cluster
+  slurmdbd mariadb-server               # its accounting (slurmdbd on a MariaDB server of its own)
   iproute2                              # its nodes as separate network hosts (ip netns, bridge, veth)
   openmpi-bin libopenmpi-dev            # MPI for the engines and Horovod
   cmake g++ python3-dev python3-venv    # Horovod and mpi4py build from source

@@ -22,7 +22,7 @@ ENV_KEYS = {"name", "scope", "root", "kind", "build", "python", "packages", "not
 CHECK_KEYS = {"name", "scope", "root", "build", "passed", "warnings", "shadows"}
 PREFLIGHT_KEYS = {"facts", "warnings", "problems", "passed"}
 FACT_KEYS = {"node", "job_id", "partition", "gpus", "compiler", "cmake", "mpi", "mpicc", "cuda"}
-STATUS_KEYS = {"state_dir", "conf", "running", "mode", "note", "login_address", "daemons", "nodes"}
+STATUS_KEYS = {"state_dir", "conf", "running", "mode", "note", "login_address", "slurm", "accounting", "daemons", "nodes"}
 
 
 def _install(root: Path, name: str, manifest: str, verify: dict[str, list[str]] | None = None) -> Path:
@@ -147,8 +147,9 @@ def test_devcluster_status_json_where_no_cluster_runs(tmp_path: Path) -> None:
     assert set(status) == STATUS_KEYS
     assert status["running"] is False and status["nodes"] == [] and status["state_dir"] == str(state)
     assert status["conf"] == str(state / "slurm.conf") and status["mode"] is None
-    daemons = ("munged", "slurmctld", "slurmd n1", "slurmd n2")
+    daemons = ("munged", "slurmctld", "slurmd n1", "slurmd n2", "mariadbd", "slurmdbd")
     assert status["daemons"] == [{"name": name, "pid": None} for name in daemons]
+    assert status["slurm"] is None and status["accounting"] is True
     assert all(key in _documented("devcluster", "status") for key in STATUS_KEYS)
     shown = _hpcai("devcluster", "status", "--state-dir", str(state))
     assert shown.returncode == 0 and re.search(r"│ slurmctld\s+│ not running │", shown.stdout), shown.stdout

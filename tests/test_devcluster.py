@@ -128,7 +128,7 @@ def test_own_hosts_gives_a_command_an_etc_hosts_of_its_own(devcluster: DevCluste
 def test_down_stops_everything_and_up_works_again(devcluster: DevCluster, tmp_path: Path) -> None:
     """A second, separate cluster (own state dir and ports) beside the session's one."""
     other = DevCluster(state_dir=tmp_path / "cluster", nodes=2, gpus_per_node=1, port=7817, first_job_id=500_001,
-                       **OTHER_NETWORK)
+                       accounting=False, **OTHER_NETWORK)
     try:
         for _ in range(2):
             other.up()
@@ -303,7 +303,8 @@ import sys, time
 from pathlib import Path
 from jupyter_hpcai.scheduler import slurm
 from jupyter_hpcai.devcluster import DevCluster
-cluster = DevCluster(state_dir=Path(sys.argv[1]), nodes=2, gpus_per_node=1, port=7917, **eval(sys.argv[2]))
+cluster = DevCluster(state_dir=Path(sys.argv[1]), nodes=2, gpus_per_node=1, port=7917, accounting=False,
+                     **eval(sys.argv[2]))
 cluster.up()
 slurm.submit(["-N2", f"--output={sys.argv[1]}/job.out", "--wrap", "srun sleep 600"], env=cluster.environ())
 print(cluster.mode, flush=True)
@@ -366,7 +367,7 @@ def test_without_namespaces_up_says_so_and_the_nodes_share_loopback(devcluster: 
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A machine without `ip` (or without the privilege): up falls back to one shared address and says why."""
     monkeypatch.setattr("jupyter_hpcai.devcluster.namespaces._IP_PATH", str(tmp_path))  # no `ip` found there
-    other = DevCluster(state_dir=tmp_path / "cluster", nodes=2, gpus_per_node=1, port=8017, **OTHER_NETWORK)
+    other = DevCluster(state_dir=tmp_path / "cluster", nodes=2, gpus_per_node=1, port=8017, accounting=False, **OTHER_NETWORK)
     try:
         other.up()
         assert other.mode == SHARED and "`ip` was not found" in other.note and "iproute2" in other.note

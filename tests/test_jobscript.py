@@ -10,12 +10,13 @@ import pytest
 
 from jupyter_hpcai.errors import HPCAIError
 from jupyter_hpcai.scheduler.jobscript import JobScript, rank_launch
+from jupyter_hpcai.scheduler.slurm import versions
 from jupyter_hpcai.scheduler.slurm.script import export_node_addresses
 
 
 def test_the_rank_launch_line_is_one_rank_per_gpu_in_block_order() -> None:
     line = shlex.split(rank_launch(2, 4, ["python", "my script.py"]))
-    assert line == ["srun", "--mpi=pmix", "--nodes=2", "--ntasks-per-node=4", "--distribution=block",
+    assert line == ["srun", versions.cpus_per_task_in_shell(), "--mpi=pmix", "--nodes=2", "--ntasks-per-node=4", "--distribution=block",
                     "--kill-on-bad-exit=1", "python", "my script.py"]
     assert "--ntasks-per-node=1" in rank_launch(3, 0, ["true"])  # a node without GPUs runs one rank
 

@@ -149,7 +149,7 @@ def test_multi_node_jobs_ask_for_nodes_of_their_users_alone() -> None:
 
 def test_preview_prints_the_quoted_script(devcluster) -> None:  # type: ignore[no-untyped-def]
     out = subprocess.run(["hpcai", "spawner", "preview", "--config", "spawner_config/demo_config.py",
-                          "--profile", "2 nodes x 2 GPUs", "--option", "walltime=00:20:00", "--user", "nobody"],
+                          "--profile", "2 nodes x 2 GPUs", "--option", "walltime=00:20:00", "--user", "root"],
                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[1],
                          env={**os.environ, "PATH": f"{Path(os.sys.executable).parent}:{os.environ['PATH']}"})
     assert out.returncode == 0, out.stdout + out.stderr
@@ -192,6 +192,7 @@ def _job_of_user() -> dict[str, str]:
     return slurm.job_info(jobs[0]) or {}
 
 
+@pytest.mark.oldest_slurm
 def test_rest_spawn_one_node_one_gpu(hub: Hub, bench: list[str]) -> None:
     start = time.monotonic()
     status, body = hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)"})
@@ -310,6 +311,7 @@ def test_token_never_on_a_command_line_or_in_scontrol(hub: Hub) -> None:
     hub.stop_server()
 
 
+@pytest.mark.oldest_slurm
 def test_pending_job_shows_the_reason(hub: Hub, tmp_path: Path) -> None:
     with every_gpu_held(tmp_path):
         hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)"})
@@ -372,6 +374,7 @@ def test_bad_rest_options_are_refused_before_submission(hub: Hub, options: dict[
     assert before == after == ""
 
 
+@pytest.mark.oldest_slurm
 def test_a_request_the_scheduler_would_not_run_is_refused_before_submission(hub: Hub) -> None:
     """Valid for the form, refused by Slurm (here: the partition stopped taking jobs): `sbatch --test-only` says
     so in Slurm's own words, and nothing is submitted."""
@@ -412,6 +415,7 @@ def test_a_server_that_dies_at_start_says_why(hub: Hub) -> None:
     assert "Internal Server Error" not in text, text
 
 
+@pytest.mark.oldest_slurm
 def test_hub_restart_keeps_the_server_and_scancel_is_noticed(hub: Hub) -> None:
     hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)"})
     hub.wait_ready()
@@ -492,6 +496,7 @@ def _form_estimates(page, hub: Hub, wanted: str) -> dict[str, str]:  # type: ign
     return wait_until(shown, timeout=60, interval=2, what=f"the form's estimates to say {wanted!r}")
 
 
+@pytest.mark.oldest_slurm
 def test_the_form_says_when_each_profile_would_start(hub: Hub, tmp_path: Path) -> None:
     """While another job holds 3 of each node's 4 GPUs, the 2x2-GPU profile waits for it and the 1-GPU one starts
     now; with a reservation in 90 minutes, the 2-hour job waits for its end and the form says 1 hour starts now."""

@@ -28,22 +28,31 @@ from ..network import LOOPBACK
 from ..proc import run, start_daemon, wait_until
 from ..scheduler import chosen
 from ..scheduler.interface import Node
+from .accounting import Accounting
 from .cpu import NodeCPU
 from .namespaces import Network
 
 scheduler = chosen()
 
-INSTALL_HINT = "apt-get install -y slurm-wlm munge openmpi-bin libopenmpi-dev"
+INSTALL_HINT = "apt-get install -y slurm-wlm munge slurmdbd mariadb-server openmpi-bin libopenmpi-dev"
 _PROGRAMS = ("munged", "slurmctld", "slurmd", "sinfo", "squeue", "sbatch", "srun", "scancel", "scontrol")
+_ACCOUNTING = ("sacct", "sacctmgr", "slurmdbd", "mariadbd", "mariadb-install-db")
 _SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+NODE_MEMORY_MB = 131072  # declared (SlurmdParameters=config_overrides); a job gets DefMemPerCPU unless it asks
 GPU_DEVICE_MAJOR = 195  # the NVIDIA driver's character-device major number
 # Only root reads these: slurmctld's state (every job's script and environment) and the daemons' logs.
-PRIVATE_DIRS = ("ctld", "log")
+PRIVATE_DIRS = ("ctld", "log", "accounting")
+NO_ACCOUNTING = "AccountingStorageType=accounting_storage/none\nJobAcctGatherType=jobacct_gather/none"
 
 
-def check_prerequisites() -> None:
-    """Raise HPCAIError naming what is missing to run the dev cluster here, and how to get it."""
-    missing = [p for p in _PROGRAMS if shutil.which(p, path=_SBIN_PATH) is None]
+def check_prerequisites(accounting: bool = True, prefix: str = "") -> None:
+    """Raise HPCAIError naming what is missing to run the dev cluster here (with ``accounting``: its slurmdbd and
+    database too; ``prefix``: the Slurm installed there), and how to get it."""
+    if prefix and not Path(prefix, "sbin", "slurmctld").is_file():
+        raise HPCAIError(f"no Slurm in {prefix}: {prefix}/sbin/slurmctld is not there",
+                         f"build it there first: scripts/build-slurm.sh {prefix}")
+    path = os.pathsep.join([f"{prefix}/bin", f"{prefix}/sbin", _SBIN_PATH]) if prefix else _SBIN_PATH
+    missing = [p for p in (*_PROGRAMS, *(_ACCOUNTING if accounting else ())) if shutil.which(p, path=path) is None]
     if missing:
         raise HPCAIError(f"Slurm is not installed here: {', '.join(missing)} not found", f"as root: {INSTALL_HINT}")
     if os.geteuid() != 0:
@@ -65,6 +74,8 @@ class ClusterStatus:
     note: str
     login_address: str
     addresses: dict[str, str]  # node -> its address
+    slurm: str  # the version of the Slurm it runs, e.g. "22.05"; "" before the first up (no config to read it with)
+    accounting: bool  # slurmdbd on MariaDB keeps its jobs, users and limits
 
 
 @dataclass(frozen=True)
@@ -98,7 +109,8 @@ class DevCluster:
     ``separate_hosts`` each
     node gets its own network namespace and an address of ``network`` on the bridge ``bridge``;
     ``mode`` says what ``up`` could make (``note`` why, when it fell back to one shared address);
-    ``cpu_note`` says why the nodes share the host's CPU as its own processes do, when they do.
+    ``cpu_note`` says why the nodes share the host's CPU as its own processes do, when they do. With
+    ``accounting``, slurmdbd on a MariaDB server of the cluster's own (accounting.py) keeps its jobs, users and limits.
     """
 
     state_dir: Path = field(default_factory=paths.devcluster_dir)
@@ -111,6 +123,8 @@ class DevCluster:
     bridge: str = "hpcai0"
     netns_prefix: str = "hpcai-"
     first_job_id: int = 1
+    accounting: bool = True
+    slurm: str = field(default_factory=paths.slurm_prefix)  # the Slurm it runs: an install prefix, "" the system's
     mode: str = field(default="", compare=False)
     note: str = field(default="", compare=False)
     cpu_note: str = field(default="", compare=False)
@@ -163,12 +177,31 @@ class DevCluster:
         return f"n[1-{self.nodes}]" if self.nodes > 1 else "n1"
 
     def variables(self) -> dict[str, str]:
-        """What a shell or a process needs to use this cluster (``hpcai`` itself finds it by its state dir)."""
-        return {"SLURM_CONF": str(self.conf), "HPCAI_DEVCLUSTER_DIR": str(self.state_dir)}
+        """What a shell or a process needs to use this cluster (``hpcai`` itself finds it by its state dir): with a
+        Slurm of its own, its client commands first on PATH (the hub, kernels and ranks then run them)."""
+        found = {"SLURM_CONF": str(self.conf), "HPCAI_DEVCLUSTER_DIR": str(self.state_dir)}
+        if self.slurm:
+            rest = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d not in self._slurm_path]
+            found["PATH"] = os.pathsep.join([*self._slurm_path, *rest])
+        return found
+
+    @property
+    def _slurm_path(self) -> list[str]:
+        return [f"{self.slurm}/bin", f"{self.slurm}/sbin"] if self.slurm else []
 
     def environ(self) -> dict[str, str]:
         """This process's environment with the cluster's variables set."""
         return {**os.environ, **self.variables()}
+
+    @property
+    def acct(self) -> Accounting:
+        """The cluster's slurmdbd and database (used only with ``accounting``); ports ``port + 100`` and ``+ 101``."""
+        return Accounting(self.state_dir, self.port + 100)
+
+    def enrol(self, user: str, projects: tuple[str, ...] | None = None) -> None:
+        """Give ``user`` associations with ``projects`` (default: the first project); nothing without accounting."""
+        if self.accounting:
+            self.acct.enrol(self.environ(), user, *([projects] if projects else []))
 
     def daemons(self) -> list[Daemon]:
         """Every daemon in start order."""
@@ -186,7 +219,7 @@ class DevCluster:
     # -- lifecycle ------------------------------------------------------------------------
     def up(self, timeout: float = 90) -> None:
         """Start whatever is not running and return when every node accepts jobs. Idempotent."""
-        check_prerequisites()
+        check_prerequisites(self.accounting, self.slurm)
         if self.running():
             saved = DevCluster.load(self.state_dir)
             if saved != self:
@@ -197,6 +230,7 @@ class DevCluster:
                 )
             self.mode, self.note, self.cpu_note = saved.mode, saved.note, saved.cpu_note
         else:
+            self._forget_another_slurms_state()
             self.state_dir.mkdir(parents=True, exist_ok=True)
             self.note = self.net.up() if self.separate_hosts else "asked for one shared address (--single-host)"
             self.mode = SHARED if self.note else SEPARATE
@@ -214,6 +248,8 @@ class DevCluster:
                 log=log / "munged.start.log", env=env,
             )
             wait_until(munged.pid, timeout=10, what="munged to start", hint=f"see {log / 'munged.log'}")
+        if self.accounting:
+            self.acct.up(env)
         if not ctld.pid():
             start_daemon(["slurmctld", "-i"], log=log / "slurmctld.start.log", env=env)
         for node, daemon in zip(self.node_names, slurmds):
@@ -225,6 +261,8 @@ class DevCluster:
             self._all_nodes_usable, timeout=timeout, what="every dev-cluster node to be idle",
             hint=f"see the logs in {log}",
         )
+        if self.accounting:
+            self.acct.org(env, users=["root"])
 
     def down(self, timeout: float = 30) -> None:
         """Cancel every job, then stop every daemon by its PID. Harmless when nothing runs."""
@@ -241,17 +279,30 @@ class DevCluster:
             except HPCAIError:
                 os.kill(pid, signal.SIGKILL)
                 wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout=5, what=f"{daemon.name} to die")
+        self.acct.down(timeout)
         self.net.down()  # also what a crashed `up` or a killed run left
         self.cpu.down()
 
     def status(self) -> ClusterStatus:
         """Daemons with their PIDs, and the nodes as Slurm reports them (when slurmctld runs)."""
         daemons = {d.name: d.pid() for d in self.daemons()}
+        if self.accounting:
+            daemons.update(self.acct.pids())
         nodes = scheduler.nodes(self.environ()) if daemons["slurmctld"] and daemons["munged"] else []
         return ClusterStatus(self.state_dir, self.conf, daemons, nodes, self.mode, self.note, self.login_address,
-                             {n: self.node_address(n) for n in self.node_names})
+                             {n: self.node_address(n) for n in self.node_names},
+                             "%d.%02d" % scheduler.version(self.environ()) if self.conf.exists() else "",
+                             self.accounting)
 
     # -- internals ------------------------------------------------------------------------
+    def _forget_another_slurms_state(self) -> None:
+        """Remove the state a cluster of another Slurm left here (its controller's, its nodes', its accounting
+        database): no Slurm reads a newer one's, and the cluster starts afresh."""
+        saved = DevCluster.load(self.state_dir)
+        if (self.state_dir / "cluster.json").exists() and saved.slurm != self.slurm:
+            for sub in ("ctld", "spool", "accounting"):
+                shutil.rmtree(self.state_dir / sub, ignore_errors=True)
+
     def _all_nodes_usable(self) -> bool:
         try:
             found = scheduler.nodes(self.environ())
@@ -292,7 +343,7 @@ class DevCluster:
         host = socket.gethostname().split(".")[0]
         node_lines = "\n".join(
             f"NodeName={n} NodeHostname={n if self.mode == SEPARATE else host} NodeAddr={self.node_address(n)}"
-            f" Port={self.port + i} CPUs={self.cpus_per_node}"
+            f" Port={self.port + i} CPUs={self.cpus_per_node} RealMemory={NODE_MEMORY_MB}"
             + (f" Gres=gpu:{self.gpus_per_node}" if self.gpus_per_node else "")
             + " State=UNKNOWN"
             for i, n in enumerate(self.node_names, start=1)
@@ -305,9 +356,11 @@ class DevCluster:
             "nodelist": self.nodelist, "node_lines": node_lines, "last_gpu": str(self.gpus_per_node - 1),
             "login_address": self.login_address, "mode": self.mode, "loopback_only": loopback_only,
             "first_job_id": str(self.first_job_id),
+            "accounting": self.acct.conf_lines() if self.accounting else NO_ACCOUNTING,
         }
         templates = files(__package__) / "templates"
         self.conf.write_text(Template((templates / "slurm.conf").read_text()).substitute(values))
+        (state / "cgroup.conf").write_text((templates / "cgroup.conf").read_text())
         gres = Template((templates / "gres.conf").read_text()).substitute(values) if self.gpus_per_node else ""
         (state / "gres.conf").write_text(gres)
         prolog = state / "task-prolog.sh"

@@ -95,6 +95,14 @@ def walltime_signal(environ: Mapping[str, str] | None = None) -> float | None:
         return None
 
 
+def walltime_end(signal: float, environ: Mapping[str, str] | None = None) -> float:
+    """When the job reaches its walltime (epoch seconds), its signal having come at ``signal``: the signal comes
+    ``walltime_warning`` seconds before it, and never before the end the scheduler gave the job at its start (an
+    extended job is signalled again before its new end). No query."""
+    env = os.environ if environ is None else environ
+    return max(signal + walltime_warning(env), chosen().environment.end_time(env) or 0.0)
+
+
 def walltime_warning(environ: Mapping[str, str] | None = None) -> int:
     """Seconds before the walltime at which the job is signalled (0: it is not)."""
     value = (os.environ if environ is None else environ).get(WARNING_VAR, "")

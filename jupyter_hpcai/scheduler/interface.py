@@ -60,6 +60,64 @@ class Partition:
     default: bool = False
 
 
+@dataclass(frozen=True)
+class Qos:
+    """A quality of service: the limits it sets on each job and each user (None: none)."""
+
+    name: str
+    max_time: int | None = None  # seconds a job may run
+    max_gpus_per_user: int | None = None  # over all of a user's running jobs
+    max_jobs_per_user: int | None = None
+
+
+@dataclass(frozen=True)
+class Account:
+    """One of a user's accounts (projects), as their associations with it allow."""
+
+    name: str
+    partitions: tuple[str, ...] = ()  # where the user may run with it; empty: every partition
+    qos: tuple[str, ...] = ()  # the QOS allowed; empty: the site's default only
+    default_qos: str = ""
+    gpu_minutes: int | None = None  # the project's GPU budget (GrpTRESMins), None: none
+    gpu_minutes_used: int = 0
+
+    @property
+    def gpu_hours_left(self) -> float | None:
+        return None if self.gpu_minutes is None else max(0, self.gpu_minutes - self.gpu_minutes_used) / 60
+
+
+@dataclass(frozen=True)
+class Associations:
+    """What a user may run under: their accounts (the default first) and the QOS those name."""
+
+    user: str
+    accounts: tuple[Account, ...]
+    qos: Mapping[str, Qos]
+
+    @property
+    def default(self) -> Account | None:
+        return self.accounts[0] if self.accounts else None
+
+    def account(self, name: str) -> Account | None:
+        return next((a for a in self.accounts if a.name == name), None)
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """How a job ended, from the scheduler's accounting: its state, and where it matters, the step that decided it."""
+
+    job_id: str
+    state: str  # one of TERMINAL_STATES
+    exit_code: str  # code:signal
+    elapsed: int  # seconds
+    nodes: str  # a hostlist
+    requested_memory: str = ""  # e.g. "8G"; "" when unknown
+    peak_memory: str = ""  # the highest resident memory of any step, e.g. "1805568K"
+    failed_node: str = ""  # the node of the step that ran out of memory or failed
+    cancelled_by: str = ""  # the user name of who cancelled it, for CANCELLED
+    owner: str = ""
+
+
 class JobEnvironment(Protocol):
     """A job as a process inside it sees it: the scheduler's variables, by what they mean (a module of names)."""
 
@@ -83,6 +141,7 @@ class JobEnvironment(Protocol):
     def job_id(self, env: Mapping[str, str]) -> str | None: ...  # the job ``env`` is in; None outside one
     def node_name(self, env: Mapping[str, str]) -> str: ...  # this node's name as the scheduler knows it
     def first(self, env: Mapping[str, str], names: tuple[str, ...], default: str = "") -> str: ...  # first set
+    def end_time(self, env: Mapping[str, str]) -> float | None: ...  # the end set at the job's start, if said
     def tasks_per_node(self, env: Mapping[str, str]) -> list[int]: ...  # ranks on each of the job's nodes
     def gpus_on_node(self, env: Mapping[str, str]) -> int | None: ...  # None: the job says nothing of GPUs
     # a kernel enters a job of its own as salloc would: its variables set in ``env``; the old values returned,
@@ -132,6 +191,11 @@ class Scheduler(Protocol):
     def follow_output(self, job_id: int | str, log: Path, on_line: Callable[[str], None],
                       poll: float = 0.5) -> int: ...
     def nodes(self, env: Mapping[str, str] | None = None) -> list[Node]: ...
+    def version(self, env: Mapping[str, str] | None = None) -> tuple[int, int]: ...  # (major, minor), read once
+    # what ``user`` may run under; None where the site keeps no accounting (any account text goes)
+    def associations(self, user: str, env: Mapping[str, str] | None = None) -> Associations | None: ...
+    # how a job that left the queue ended; None where the site keeps no accounting, or it does not know the job
+    def job_end(self, job_id: int | str, env: Mapping[str, str] | None = None) -> JobEnd | None: ...
     def partitions(self, env: Mapping[str, str] | None = None) -> list[Partition]: ...
     # why jobs of different users may share a node of ``partition`` (the site check), or None
     def shared_between_users(self, partition: str, env: Mapping[str, str] | None = None) -> str | None: ...

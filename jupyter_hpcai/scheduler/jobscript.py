@@ -67,6 +67,7 @@ class JobScript:
     time: str | None = None
     partition: str | None = None
     account: str | None = None
+    qos: str | None = None
     output: str | None = None  # a path, "%j" standing for the job's id (the scheduler's default where None)
     extra: tuple[str, ...] = ()  # more options, in the scheduler's words (the site's, a profile's)
     body: str = ""
@@ -75,7 +76,7 @@ class JobScript:
         """The scheduler's options for this job, every value checked."""
         fields = {"name": self.name, "output": self.output, "nodes": self.nodes,
                   "tasks_per_node": self.tasks_per_node, "gpus_per_node": self.gpus_per_node or None,
-                  "time": self.time, "partition": self.partition, "account": self.account}
+                  "time": self.time, "partition": self.partition, "account": self.account, "qos": self.qos}
         given = {key: header_value(value) for key, value in fields.items() if value not in (None, "")}
         return chosen().job_options(given, [header_value(option) for option in self.extra])
 

@@ -14,7 +14,10 @@ from typing import Any
 
 from tornado.web import HTTPError
 
+from ..scheduler.interface import Associations
+from . import compat
 from .as_user import command_env
+from .associations import describe_account, describe_qos
 
 CHECK_KEPT_FOR = 60.0  # seconds the form's check of a start's options stands for the start that follows
 from .options import FIELDS, Limit, OptionsError, Profile, SpawnOptions, merge_limits, validate
@@ -43,6 +46,8 @@ p.addEventListener('change',function(){var d=JSON.parse(p.selectedOptions[0].dat
   for(var k in d){var e=byId(k);if(e&&e.value!==d[k]){e.value=d[k];cleared(k);}}
   note(p,byId('estimate'),'estimate');note(part,byId('partition-limits'),'limits');share();});
 part.addEventListener('change',function(){note(part,byId('partition-limits'),'limits');});
+['account','qos'].forEach(function(n){var e=byId(n);if(e&&e.tagName==='SELECT'){
+  e.addEventListener('change',function(){note(e,byId(n+'-limits'),'limits');});note(e,byId(n+'-limits'),'limits');}});
 var given=new URLSearchParams(location.hash.slice(1));
 if(given.has('profile')){p.value=given.get('profile');p.dispatchEvent(new Event('change'));}
 FIELDS.forEach(function(n){var e=byId(n);if(e&&n!=='profile'&&given.has(n))e.value=given.get(n);});
@@ -56,10 +61,12 @@ FROM_LINK = "A link filled in this form; nothing has started. Check its choices 
 
 def render(profiles: list[Profile], limits: Mapping[str, Limit], environments: Mapping[str, str],
            values: Mapping[str, str] | None = None, errors: Mapping[str, str] | None = None,
-           estimates: Mapping[str, str] | None = None, note: str = "") -> str:
+           estimates: Mapping[str, str] | None = None, note: str = "", found: Associations | None = None,
+           site_qos: str = "") -> str:
     """HTML for the form; ``values`` and ``errors`` re-show a rejected submission (or a link's choices) with a
     message per field; ``estimates``: profile name -> when Slurm expects its job to start, in words; ``note``: a line
-    above the fields."""
+    above the fields; ``found``: the user's associations (their accounts and QOS as selects), None where the site
+    keeps no accounting (the account a text field, no QOS); ``site_qos``: the QOS the site sets (no QOS select)."""
     errors, estimates = errors or {}, estimates or {}
     first = profiles[0].model_dump() if profiles else {}
     values = {**{k: str(v) for k, v in first.items()}, **(values or {})}
@@ -98,13 +105,30 @@ def render(profiles: list[Profile], limits: Mapping[str, Limit], environments: M
         field("nodes", "Nodes", number("nodes", 1)),
         field("gpus_per_node", "GPUs per node", number("gpus_per_node", 0)),
         field("walltime", "Walltime (HH:MM:SS)", text("walltime")),
-        field("account", "Account (optional)", text("account")),
+        *_account_fields(found, site_qos, select, text, field),
         field("environment", "Environment", select("environment", env_choices)),
         '<p class="form-text">A link to this form with these choices (it starts nothing): '
         '<a id="hpcai-share" href="#"></a></p>',
         "</div>", SCRIPT % json.dumps(list(FIELDS)),
     ]
     return "\n".join(parts)
+
+
+def _account_fields(found: Associations | None, site_qos: str, select: Any, text: Any, field: Any) -> list[str]:
+    """The account field (a select of the user's accounts, the default first, each with where it runs, its QOS and
+    GPU hours left; a text field where the site keeps no accounting) and the QOS select (each QOS's limits)."""
+    if found is None:
+        return [field("account", "Account (optional)", text("account"))]
+    accounts = [(a.name, f"{a.name} (default)" if i == 0 else a.name,
+                 f' data-limits="{escape(describe_account(a))}"') for i, a in enumerate(found.accounts)]
+    fields = [field("account", "Account", select("account", accounts),
+                    '<div class="form-text" id="hpcai-account-limits"></div>')]
+    if site_qos:
+        return fields
+    named = sorted({q for a in found.accounts for q in a.qos})
+    qos = [("", "(the account's default)", "")] + [
+        (q, q, f' data-limits="{escape(describe_qos(found.qos[q]))}"' if q in found.qos else "") for q in named]
+    return [*fields, field("qos", "QOS", select("qos", qos), '<div class="form-text" id="hpcai-qos-limits"></div>')]
 
 
 def _defaults(profile: Profile) -> dict[str, str]:
@@ -130,13 +154,19 @@ class SpawnForm:
         """The scheduler's partition limits (cached), narrowed by the admin's."""
         return merge_limits(self.queries.partitions(), self.limits, list(self.partitions) or None)
 
+    def _site_qos(self) -> str:
+        """The QOS the site sets for every server (batchspawner's req_qos, or --qos in req_options), or ""."""
+        site = compat.sbatch_options({name: getattr(self, name) for name in (*compat.SBATCH, "req_options")})
+        return next((o.split("=", 1)[1] for o in site if o.startswith("--qos=")), "")
+
     def _environments(self) -> dict[str, str]:
         return dict(self.environments) or self.queries.site_environments()
 
     def _validate(self, raw: dict[str, Any]) -> tuple[SpawnOptions, Profile]:
         """``raw`` checked against the profiles, the limits and the environments, and remembered: the start that
         follows (its check, its two scripts) uses these, and validates again only options that differ."""
-        options, profile = validate(raw, self._profiles(), self._limits(), self._environments())
+        options, profile = validate(raw, self._profiles(), self._limits(), self._environments(),
+                                    self.queries.associations(self.user.name, self.log), self._site_qos())
         checked = options.model_dump()
         self._validated = (self._checked_against(checked), options, profile, time.monotonic())
         self.log.info("%s: options checked: %s", self._log_name, checked)
@@ -174,7 +204,9 @@ class SpawnForm:
             found = await self.queries.start_estimates(self.user.name, prefix, profiles, command_env())
             now = time.time()
             said = {name: e.words(now) for name, e in found.items()}
-        return render(profiles, await self.current_limits(), environments, values, errors, said, note)
+        found = await asyncio.to_thread(self.queries.associations, self.user.name, self.log)
+        return render(profiles, await self.current_limits(), environments, values, errors, said, note, found,
+                      self._site_qos())
 
     async def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
         """The form's values, validated (sinfo and the site envs' scan run off the event loop)."""

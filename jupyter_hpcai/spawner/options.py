@@ -14,9 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..errors import HPCAIError
 from ..scheduler.durations import format_duration, parse_duration
-from ..scheduler.interface import Partition
+from ..scheduler.interface import Associations, Partition
+from . import associations
 
-FIELDS = ("profile", "partition", "nodes", "gpus_per_node", "walltime", "account", "environment")
+FIELDS = ("profile", "partition", "nodes", "gpus_per_node", "walltime", "account", "qos", "environment")
 Word = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 WALLTIME = r"^(\d{1,3}-)?\d{1,3}(:\d{2}){0,2}$"
 
@@ -31,6 +32,7 @@ class Profile(BaseModel):
     gpus_per_node: int = Field(default=1, ge=0)
     walltime: Annotated[str, Field(pattern=WALLTIME)] = "01:00:00"
     account: Annotated[str, Field(pattern=r"^([A-Za-z0-9_.-]{1,64})?$")] = ""
+    qos: Annotated[str, Field(pattern=r"^([A-Za-z0-9_.-]{1,64})?$")] = ""
     environment: str = ""
     # Seconds before the walltime at which Slurm signals the job (the walltime guard); None: the spawner's
     # walltime_warning; 0: no signal.
@@ -63,6 +65,7 @@ class SpawnOptions(BaseModel):
     gpus_per_node: int = Field(ge=0, le=64)
     walltime: Annotated[str, Field(pattern=WALLTIME)]
     account: Annotated[str, Field(pattern=r"^([A-Za-z0-9_.-]{1,64})?$")] = ""
+    qos: Annotated[str, Field(pattern=r"^([A-Za-z0-9_.-]{1,64})?$")] = ""
     environment: Annotated[str, Field(pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]{0,63})?$")] = ""
 
     @field_validator("nodes", "gpus_per_node", mode="before")
@@ -124,8 +127,10 @@ class OptionsError(HPCAIError):
 
 
 def validate(raw: Mapping[str, Any], profiles: list[Profile], limits: Mapping[str, Limit],
-             environments: Mapping[str, str]) -> tuple[SpawnOptions, Profile]:
-    """Check raw options (form, URL query or REST body) against the model and the limits."""
+             environments: Mapping[str, str], found: Associations | None = None,
+             site_qos: str = "") -> tuple[SpawnOptions, Profile]:
+    """Check raw options (form, URL query or REST body) against the model, the limits and, where the site keeps
+    accounting, the user's associations (``found``; ``site_qos``: the QOS the site sets for every server)."""
     if not profiles:
         raise OptionsError({"profile": "the admin has configured no profiles"})
     values = {k: (v[0] if isinstance(v, list) and len(v) == 1 else v) for k, v in raw.items()}
@@ -143,14 +148,26 @@ def validate(raw: Mapping[str, Any], profiles: list[Profile], limits: Mapping[st
     profile = by_name[name]
     merged = {**profile.model_dump(include=set(FIELDS)), "profile": name,
               **{k: v for k, v in values.items() if v not in ("", None)}}
+    merged = associations.filled(merged, found, site_qos or _qos(profile))
     try:
         options = SpawnOptions(**merged)
     except ValidationError as err:
         raise OptionsError({str(e["loc"][0]): _say(e) for e in err.errors()}) from None
     errors = _check_limits(options, limits, environments)
+    if found is None and options.qos:
+        errors["qos"] = "this site keeps no accounting: there is no QOS to choose (leave it empty)"
+    if found is not None:
+        errors = {**associations.problems(options.account, options.qos, options.partition, options.nodes,
+                                          options.gpus_per_node, options.walltime_seconds, found,
+                                          site_qos or _qos(profile)), **errors}
     if errors:
         raise OptionsError(errors)
     return options, profile
+
+
+def _qos(profile: Profile) -> str:
+    """The QOS a profile's own sbatch options set, or ""."""
+    return next((o.split("=", 1)[1] for o in profile.extra_sbatch if o.startswith("--qos=")), "")
 
 
 def _shape(value: Any) -> str:

@@ -8,8 +8,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ..errors import HPCAIError
-from ..scheduler.interface import TERMINAL_STATES
+from ..scheduler import chosen
+from ..scheduler.ends import explain
+from ..scheduler.interface import TERMINAL_STATES, JobEnd
 from .as_user import command_env, run_as_user
+
+scheduler = chosen()
 
 LOG_TAIL_BYTES = 8192  # of a failed job's log, shown on the spawn page
 
@@ -21,6 +25,8 @@ REASONS = {
     "QOSMaxGRESPerUser": "you are at your GPU limit for this QOS; it starts when one of your jobs ends",
     "QOSMaxJobsPerUserLimit": "you are at your limit of running jobs for this QOS",
     "AssocGrpGRES": "your account is at its GPU limit",
+    "AssocGrpGRESMinutes": "your project's GPU hours are used up (sshare shows them); ask for more, or use another"
+                           " account",
     "ReqNodeNotAvail": "a node it needs is unavailable (down, drained or reserved)",
     "PartitionNodeLimit": "more nodes than the partition allows",
     "PartitionTimeLimit": "longer than the partition allows",
@@ -145,11 +151,21 @@ class StartProgress:
         state, reason, code = info.get("JobState", "gone"), info.get("Reason", ""), info.get("ExitCode", "")
         lines = [f"Job {self.job_id} {what}: state {state}" + (f", reason {reason}" if reason not in ("", "None") else "")
                  + (f", exit code {code}" if code else "")]
+        if state == "gone" or state in TERMINAL_STATES:  # the accounting says how it ended, where the site keeps it
+            end = await asyncio.to_thread(self._job_end)
+            lines += [explain(end)] if end else []
         if info.get("StdOut"):
             tail = await self._log_tail(info["StdOut"])
             # indented: in the hub's log, where this report lands too, no line the user wrote looks like the hub's own
             lines += [f"Last lines of {info['StdOut']}:", *(f"  | {line}" for line in tail)] if tail else []
         return "\n".join(lines)
+
+    def _job_end(self) -> JobEnd | None:
+        try:
+            return scheduler.job_end(self.job_id)
+        except HPCAIError as err:
+            self.log.warning("%s: how job %s ended could not be read: %s", self._log_name, self.job_id, err)
+            return None
 
     async def _log_tail(self, path: str, lines: int = 15) -> list[str]:
         """The last lines of the job's log, read as the job's user: the path is in their home, so they decide what

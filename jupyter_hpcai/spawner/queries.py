@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from ..scheduler import chosen
-from ..scheduler.interface import Partition
+from ..errors import HPCAIError
+from ..scheduler.interface import Associations, Partition
 from .estimates import Estimate, Estimates
 from .jobstate import JobStates, SubmitQueue
 from .options import Profile
@@ -63,11 +64,32 @@ class SharedQueries:
         self.estimates = Estimates()
         self._partitions = Cached(scheduler.partitions, settings.limits_ttl)
         self._environments = Cached(environments, settings.limits_ttl)
+        self._associations: dict[str, Cached[Associations | None]] = {}
+        self._associations_lock = threading.Lock()
         self._turns: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)  # user -> held while theirs submits
 
     def partitions(self) -> list[Partition]:
         """sinfo's partitions, cached for ``limits_ttl`` seconds (one sinfo per form, not per keystroke)."""
         return self._partitions.get()
+
+    def associations(self, user: str, log: logging.Logger | None = None) -> Associations | None:
+        """``user``'s associations (their accounts, QOS and budgets), read once per ``limits_ttl`` seconds for each
+        user, never per poll; None where the site keeps no accounting, or slurmdbd does not answer (then the form
+        is as without accounting, and sbatch has the last word)."""
+        with self._associations_lock:
+            cached = self._associations.get(user)
+            if cached is None:
+                cached = self._associations[user] = Cached(lambda: self._read_associations(user, log),
+                                                           self.settings.limits_ttl)
+        return cached.get()
+
+    @staticmethod
+    def _read_associations(user: str, log: logging.Logger | None) -> Associations | None:
+        try:
+            return scheduler.associations(user)
+        except HPCAIError as err:
+            (log or logging.getLogger(__name__)).warning("%s's associations could not be read: %s", user, err)
+            return None
 
     def site_environments(self) -> dict[str, str]:
         """The site's environments (a scan of its roots), cached for ``limits_ttl`` seconds: every form and start

@@ -16,7 +16,9 @@ from urllib.request import Request, urlopen
 
 from helpers.jupyter import free_port
 from jupyter_hpcai.scheduler import slurm
-from jupyter_hpcai.demo import DEMO_CONFIG, HubProcess, ensure_user, loopback
+from jupyter_hpcai import demo
+from jupyter_hpcai.demo import DEMO_CONFIG, HubProcess, loopback
+from jupyter_hpcai.devcluster.accounting import PROJECTS
 from jupyter_hpcai.devcluster.pytest_plugin import worker_number
 from jupyter_hpcai.proc import wait_until
 
@@ -26,6 +28,11 @@ BOB = f"hpcai-bob{_WORKER}"  # the other user: hostile to alice in the security 
 PASSWORD = "demo-" + secrets.token_hex(4)
 __all__ = ["BOB", "CHROMIUM_ARGS", "PASSWORD", "USER", "Hub", "as_user", "ensure_user", "every_gpu_held",
            "demo_config_with", "logged_in_page", "progress_events", "server_token"]
+
+
+def ensure_user(name: str) -> None:
+    """The unix user ``name`` with its associations: alice in both projects (climate her default), others in one."""
+    demo.ensure_user(name, PROJECTS if name == USER else None)
 
 
 class Hub(HubProcess):
@@ -148,7 +155,8 @@ def server_token(user: str, job: str) -> str:
 
 
 def as_user(user: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` as ``user`` (their uid, gid and groups; a clean environment, with the cluster's SLURM_CONF)."""
+    """Run ``argv`` as ``user`` (their uid, gid and groups; a clean environment, with the cluster's SLURM_CONF and
+    PATH, whose Slurm client may be the dev cluster's own)."""
     return subprocess.run(["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--reset-env",
-                           "env", f"SLURM_CONF={os.environ['SLURM_CONF']}", *argv],
+                           "env", f"SLURM_CONF={os.environ['SLURM_CONF']}", f"PATH={os.environ['PATH']}", *argv],
                           capture_output=True, text=True, timeout=timeout)

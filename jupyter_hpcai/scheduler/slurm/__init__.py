@@ -6,6 +6,8 @@ TresPerNode)."""
 from __future__ import annotations
 
 from . import client, environment
+from .accounting import associations, job_end
+from .versions import version
 from .commands import (PING, SUBMITTERS, cancel_argv, expand_hostlist, expected_start, follow_output, gres_gpus,
                        job_info, job_of_its_own, jobs_info, narrow_argv, node_address, node_addresses, nodes,
                        partitions, set_time_limit, shared_between_users, step, submit, test_only, test_script,
@@ -17,8 +19,8 @@ NAME = "slurm"
 
 __all__ = ["DEFAULT_OUTPUT", "JOB_ID_IN_ENVIRON", "JOB_ID_IN_SHELL", "NAME", "PING", "SUBMITTERS", "TASK_ENDED",
            "WHOLE_ENVIRONMENT",
-           "cancel_argv", "client", "environment", "expand_hostlist", "expected_start", "export_node_addresses",
-           "follow_output", "gres_gpus", "header", "job_info", "job_of_its_own", "job_options", "jobs_info",
+           "associations", "cancel_argv", "client", "environment", "expand_hostlist", "expected_start", "export_node_addresses",
+           "follow_output", "gres_gpus", "header", "job_end", "job_info", "job_of_its_own", "job_options", "jobs_info",
            "narrow_argv", "node_address", "node_address_in_shell", "node_addresses", "nodes", "partitions",
            "rank_launch", "set_time_limit", "shared_between_users", "step", "submit", "test_only", "test_script",
-           "user_jobs"]
+           "user_jobs", "version"]

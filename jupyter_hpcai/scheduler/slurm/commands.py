@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from ...errors import HPCAIError
 from ...proc import run
+from . import versions
 from .script import job_options
 from ..durations import format_duration, parse_duration
 from ..interface import RECORD_KEYS, TERMINAL_STATES, Node, Partition
@@ -80,7 +82,7 @@ def parse_job_line(line: str) -> dict[str, str]:
     if len(values) != len(JOB_FIELDS):
         raise HPCAIError(f"squeue printed a line that is not a job record: {line[:200]!r}", "check the Slurm client")
     info = {key: "" if value.strip() in _NONE else value.strip() for (key, _), value in zip(JOB_FIELDS, values)}
-    info["StdOut"] = info["StdOut"].replace("%j", info["JobId"]).replace("%u", info["UserName"])
+    info["StdOut"] = versions.expand_output(info["StdOut"], info["JobId"], info["UserName"])
     if (limit := parse_duration(info["TimeLimit"])) is not None:  # as scontrol writes it: 01:00:00, 1-00:00:00
         info["TimeLimit"] = format_duration(limit)
     if info["ExitCode"].isdigit():  # squeue's is the raw wait status: as scontrol's "exit:signal"
@@ -241,6 +243,7 @@ def step(*, nodes: int, tasks: int | None = None, per_node: int | None = None, n
     tasks are MPI ranks (PMIx: Debian's Open MPI has no PMI2); ``survive``: a task's end leaves the others running;
     ``label``: each output line says its task; ``output``: each task's output to this file ("{rank}": its rank)."""
     return ["srun", f"--mpi={'pmix' if mpi else 'none'}", "--overlap", f"--nodes={nodes}",
+            *versions.cpus_per_task(os.environ),
             *([f"--ntasks={tasks}"] if tasks else []), *([f"--ntasks-per-node={per_node}"] if per_node else []),
             *([f"--nodelist={','.join(nodelist)}"] if nodelist else []), "--distribution=block",
             *(["--kill-on-bad-exit=0", "--no-kill"] if survive else []), *(["--label"] if label else []),

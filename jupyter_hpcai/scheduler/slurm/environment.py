@@ -8,6 +8,8 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping, MutableMapping
 
+from . import versions
+
 JOB_ID = "SLURM_JOB_ID"
 NODE_NAME = "SLURMD_NODENAME"  # the node a process of the job runs on (unset under salloc on the login host)
 PARTITION = "SLURM_JOB_PARTITION"
@@ -38,6 +40,12 @@ def job_id(env: Mapping[str, str]) -> str | None:
 def node_name(env: Mapping[str, str]) -> str:
     """The node this process runs on, as the scheduler names it; the host name where it names none."""
     return env.get(NODE_NAME) or socket.gethostname()
+
+
+def end_time(env: Mapping[str, str]) -> float | None:
+    """When the job reaches its time limit, as the scheduler set it at the job's start (epoch seconds), without a
+    query; None where this version does not say (versions.py)."""
+    return versions.job_end_time(env)
 
 
 def first(env: Mapping[str, str], names: tuple[str, ...], default: str = "") -> str:

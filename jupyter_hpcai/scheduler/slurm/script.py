@@ -7,6 +7,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 
 from ...errors import HPCAIError
+from . import versions
 
 JOB_ID_IN_SHELL = "$SLURM_JOB_ID"
 JOB_ID_IN_ENVIRON = "SLURM_JOB_ID=$SLURM_JOB_ID"
@@ -18,7 +19,8 @@ TASK_ENDED = r"srun: error: \S+: tasks? [\d,-]+"
 DEFAULT_OUTPUT = "slurm-%j.out"  # where a job's output goes when its script does not say
 # JobScript's fields as sbatch's options
 OPTIONS = {"name": "job-name", "output": "output", "nodes": "nodes", "tasks_per_node": "ntasks-per-node",
-           "gpus_per_node": "gpus-per-node", "time": "time", "partition": "partition", "account": "account"}
+           "gpus_per_node": "gpus-per-node", "time": "time", "partition": "partition", "account": "account",
+           "qos": "qos"}
 
 
 def job_options(fields: Mapping[str, str | int], extra: Sequence[str]) -> list[str]:
@@ -29,6 +31,7 @@ def job_options(fields: Mapping[str, str | int], extra: Sequence[str]) -> list[s
     if twice := sorted(own & {option.split("=", 1)[0] for option in extra}):
         raise HPCAIError(f"job {fields.get('name', '')}: {', '.join(twice)} in the extra options, which the job sets "
                          "itself", "leave it out of the extra options")
+    versions.gpu_options([*options, *extra])
     return options + list(extra)
 
 
@@ -58,5 +61,6 @@ def rank_launch(nodes: int, ranks_per_node: int, argv: Sequence[str], *, survive
     node), the step ended when a rank fails; ``survive``: the other ranks go on. ``output``: srun's per-rank output
     pattern."""
     ending = ["--kill-on-bad-exit=0", "--no-kill"] if survive else ["--kill-on-bad-exit=1"]
-    return shlex.join(["srun", "--mpi=pmix", f"--nodes={nodes}", f"--ntasks-per-node={ranks_per_node}",
-                       "--distribution=block", *ending, *([f"--output={output}"] if output else []), *argv])
+    return " ".join(["srun", versions.cpus_per_task_in_shell(),
+                     shlex.join(["--mpi=pmix", f"--nodes={nodes}", f"--ntasks-per-node={ranks_per_node}",
+                                 "--distribution=block", *ending, *([f"--output={output}"] if output else []), *argv])])

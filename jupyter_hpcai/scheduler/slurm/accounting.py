@@ -1,0 +1,130 @@
+"""What Slurm's accounting (slurmdbd) knows: a user's associations with their limits and budgets, and how a job
+ended. Every answer comes from fixed fields in ``-P`` (parsable) output; none of them is text a user can write.
+Where the site keeps no accounting, both say None."""
+
+from __future__ import annotations
+
+import pwd
+import re
+from collections.abc import Mapping
+
+from ...errors import HPCAIError
+from ...proc import run
+from ..durations import parse_duration
+from ..interface import TERMINAL_STATES, Account, Associations, JobEnd, Qos
+
+NO_ACCOUNTING = re.compile(r"accounting_storage/none|not running a supported accounting_storage plugin|"
+                           r"Slurm accounting storage is disabled", re.I)
+GPU = "gres/gpu"
+_BUDGET = re.compile(r"^ClusterName=\S+ Account=(\S+) UserName=(\S*) .*?\n(?:\s+.*\n)*?\s+GrpTRESMins=(\S+)", re.M)
+
+
+def _parsable(argv: list[str], env: Mapping[str, str] | None) -> list[list[str]] | None:
+    """The rows of a ``-nP`` answer, or None where the site keeps no accounting."""
+    done = run(argv, env=env, check=False, timeout=30)
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip()
+        if NO_ACCOUNTING.search(said):
+            return None
+        raise HPCAIError(f"{argv[0]} could not ask Slurm's accounting: {said[-300:]}",
+                         "check that slurmdbd runs and answers (sacctmgr show cluster)")
+    return [line.split("|") for line in done.stdout.splitlines() if line.strip()]
+
+
+def _tres(text: str, name: str) -> str | None:
+    """The value of ``name`` in a TRES list such as ``cpu=4,gres/gpu=2``."""
+    return next((v for k, _, v in (i.partition("=") for i in text.split(",")) if k == name), None)
+
+
+def qos_limits(names: list[str], env: Mapping[str, str] | None = None) -> dict[str, Qos]:
+    """The limits of each QOS named."""
+    if not names:
+        return {}
+    rows = _parsable(["sacctmgr", "-nP", "show", "qos", ",".join(names), "format=Name,MaxWall,MaxTRESPU,MaxJobsPU"],
+                     env) or []
+    found = {}
+    for name, wall, per_user, jobs in (r[:4] for r in rows if len(r) >= 4):
+        gpus = _tres(per_user, GPU)
+        found[name] = Qos(name, parse_duration(wall) if wall else None, int(gpus) if gpus else None,
+                          int(jobs) if jobs else None)
+    return found
+
+
+def _budgets(user: str, env: Mapping[str, str] | None) -> dict[str, tuple[int, int]]:
+    """Each of ``user``'s accounts (and their parents) with a GPU budget: (limit, used) in GPU minutes, from
+    slurmctld's association manager, which also holds the usage."""
+    out = run(["scontrol", "show", "assoc_mgr", f"users={user}", "flags=assoc"], env=env, check=False, timeout=30)
+    budgets = {}
+    for account, user_name, tres in _BUDGET.findall(out.stdout):
+        found = re.match(r"(\d+)\((\d+)\)", _tres(tres, GPU) or "")
+        if found and not user_name:  # the project's own association, not a user's within it
+            budgets[account] = (int(found.group(1)), int(found.group(2)))
+    return budgets
+
+
+def associations(user: str, env: Mapping[str, str] | None = None) -> Associations | None:
+    """What ``user`` may run under: accounts (default first) with their partitions, QOS and GPU budget."""
+    rows = _parsable(["sacctmgr", "-nP", "show", "user", user, "withassoc",
+                      "format=DefaultAccount,Account,Partition,QOS,DefaultQOS"], env)
+    if rows is None:
+        return None
+    by_account: dict[str, dict[str, set[str] | str]] = {}
+    default = ""
+    for default_account, account, partition, qos, default_qos in (r[:5] for r in rows if len(r) >= 5):
+        default = default_account
+        entry = by_account.setdefault(account, {"partitions": set(), "qos": set(), "default_qos": default_qos})
+        entry["partitions"].add(partition)  # type: ignore[union-attr]
+        entry["qos"].update(q for q in qos.split(",") if q)  # type: ignore[union-attr]
+    budgets = _budgets(user, env) if by_account else {}
+    accounts = []
+    for name in sorted(by_account, key=lambda a: (a != default, a)):
+        entry = by_account[name]
+        partitions = entry["partitions"]
+        limit, used = budgets.get(name, (None, 0))
+        accounts.append(Account(name, () if "" in partitions else tuple(sorted(partitions)),  # type: ignore[arg-type]
+                                tuple(sorted(entry["qos"])), str(entry["default_qos"]), limit, used))
+    named = sorted({q for a in accounts for q in a.qos})
+    return Associations(user, tuple(accounts), qos_limits(named, env))
+
+
+def _memory(tres: str) -> str:
+    """The memory a job asked for, from its requested TRES (``cpu=1,mem=300M,node=1``): "" where it says none (a
+    record slurmctld has not finished sending to slurmdbd says odd things there)."""
+    memory = _tres(tres, "mem") or ""
+    return memory if re.fullmatch(r"[\d.]+[KMGTP]?", memory) else ""
+
+
+def _kib(memory: str) -> float:
+    """sacct's memory (``1805568K``, ``8G``, ``300M``, ``4000Mn``) in KiB; 0 when empty."""
+    found = re.match(r"([\d.]+)([KMGT]?)", memory)
+    if not found:
+        return 0
+    return float(found.group(1)) * 1024 ** "KMGT".index(found.group(2) or "K")
+
+
+def job_end(job_id: int | str, env: Mapping[str, str] | None = None) -> JobEnd | None:
+    """How job ``job_id`` ended: its state, and the step that ran out of memory, the peak memory, who cancelled it."""
+    rows = _parsable(["sacct", "-nP", "-j", str(job_id), "--format=JobID,State,ExitCode,ElapsedRaw,NodeList,ReqTRES,"
+                      "MaxRSS,User"], env)
+    if not rows:
+        return None
+    job = next((r for r in rows if r[0] == str(job_id)), None)
+    if job is None or len(job) < 8:
+        return None
+    state, _, by = job[1].partition(" by ")
+    if state not in TERMINAL_STATES:
+        return None
+    steps = [r for r in rows if len(r) >= 8 and r[0].startswith(f"{job_id}.")]
+    oom = next((r for r in steps if r[1] == "OUT_OF_MEMORY"), None)
+    peak = max((r[6] for r in steps if r[6]), key=_kib, default="")
+    return JobEnd(str(job_id), "OUT_OF_MEMORY" if oom else state, job[2], int(job[3] or 0), job[4], _memory(job[5]), peak,
+                  oom[4] if oom else "", _user_name(by.strip()), job[7])
+
+
+def _user_name(uid: str) -> str:
+    if not uid.isdigit():
+        return uid
+    try:
+        return pwd.getpwuid(int(uid)).pw_name
+    except KeyError:
+        return uid
