@@ -222,6 +222,7 @@ def test_walltime_signal_checkpoints_and_the_next_job_resumes(hub: Hub, tf_kerne
     shutil.rmtree(checkpoints, ignore_errors=True)
 
 
+@pytest.mark.oldest_slurm
 def test_extend_within_the_site_policy_and_refusals(hub: Hub, tf_kernelspec: str) -> None:
     """The demo policy lets gpu jobs grow to 4 hours: %hpc extend and the side panel's endpoint are granted
     (scontrol shows the new limit, the countdown moves), a request past the policy is refused with its reason,

@@ -68,6 +68,7 @@ def checkpoints(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.oldest_slurm
 def test_grow_by_a_second_job_then_shrink_back(devcluster, torch_env, tmp_path: Path,  # type: ignore[no-untyped-def]
                                                 checkpoints: Path) -> None:
     with kernel_in_job(torch_env, tmp_path, ("-N1", "--ntasks-per-node=2", "--gpus-per-node=2")) as kernel:

@@ -57,6 +57,7 @@ def test_start_pins_one_gpu_per_rank(world: JobKernel) -> None:
     assert re.search(r"^\s+3\s+n2\s+\d\s+\d+\s+\d+\s+yes$", status, re.M), status
 
 
+@pytest.mark.oldest_slurm
 def test_allreduce_on_four_ranks(world: JobKernel) -> None:
     cell = world.run("%%horovod_run\nimport tensorflow as tf\n"
                      "total = hvd.allreduce(tf.constant(float(rank + 1)), op=hvd.Sum)\n"

@@ -75,6 +75,7 @@ def _notebook_and_job(env_dir, cells: list[tuple[str, list[str]]], work: Path) -
     return _rank_lines(shown), _rank_lines(done.stdout), done.stdout
 
 
+@pytest.mark.oldest_slurm
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_an_exported_horovod_notebook_prints_what_the_notebook_did(devcluster, tf_env,  # type: ignore[no-untyped-def]

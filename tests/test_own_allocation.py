@@ -57,6 +57,7 @@ def _free_nodes_once_waited_for(blocker: int) -> None:
     subprocess.run(["scancel", str(blocker)], timeout=30, check=True)
 
 
+@pytest.mark.oldest_slurm
 def test_a_kernel_with_no_allocation_asks_for_one_and_releases_it(devcluster, tf_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     assert devcluster.mode == SEPARATE, "the kernel must be on a host apart from the nodes"
     assert _kernel_job("PENDING,RUNNING") is None, "a kernel job of an earlier test is still there"

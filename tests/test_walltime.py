@@ -202,6 +202,7 @@ def test_reports_group_ranks_with_the_same_outcome() -> None:
     assert guard.rank_ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
 
 
+@pytest.mark.oldest_slurm
 @pytest.mark.slurm
 def test_the_guard_speaks_in_the_running_cell_of_a_job_kernel(devcluster, tf_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A kernel in a job whose batch shell would write the mark: the warning lands in the cell that runs."""

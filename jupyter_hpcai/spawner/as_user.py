@@ -13,6 +13,9 @@ from ..scheduler import chosen
 # All a command the hub runs as a user gets of the hub's own environment (which holds the hub's secrets, and
 # which sudo -E would pass on for the user to read in /proc): nothing but where the programs and the scheduler are.
 COMMAND_ENV = ("PATH", "LANG", "LC_ALL", chosen().environment.CONFIG)
+# How the hub runs a command as a user (batchspawner's setting). The hub's PATH goes with it: sudo would put its
+# secure_path in its place, and the user's sbatch, and through it the job, could then run another Slurm's client.
+EXEC_PREFIX = "sudo -E --preserve-env=PATH -u {username}"
 
 
 async def run_as_user(argv: list[str], env: dict[str, str], input: str | None, timeout: float,

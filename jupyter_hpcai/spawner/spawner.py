@@ -20,6 +20,7 @@ from ..errors import HPCAIError
 from ..scheduler import chosen
 from ..scheduler.interface import TERMINAL_STATES
 from . import compat, script
+from .as_user import EXEC_PREFIX
 from .extend import JobExtension
 from .fairness import StartShare
 from .form import SpawnForm
@@ -139,6 +140,7 @@ class HPCSlurmSpawner(SpawnForm, Submission, StartShare, ServerCheck, StartProgr
         cancels it, saying why on the spawn page: a held start counts against JupyterHub.concurrent_spawn_limit for
         everyone while it waits. 0: held as long as the start_timeout allows.""")
 
+    exec_prefix = Unicode(EXEC_PREFIX, config=True, help="How the hub runs a command as the user (as_user.py).")
     _token_digest = ""  # the saved digest of the server's token (load_state), for a hub that restarted
     _queries: ClassVar[SharedQueries | None] = None  # the hub's one, made by the first spawner that asks
     _cancelling: asyncio.Future[bool] | None = None  # the cancel in flight

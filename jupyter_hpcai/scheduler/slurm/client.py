@@ -27,6 +27,14 @@ exec $H{loader} --library-path {libs} $H{exe} "$@"
 """
 
 
+def _slurm_libs() -> list[str]:
+    """The folders of Slurm's libraries and plugins: the common installations', and the one beside the srun on PATH
+    (a Slurm in a prefix of its own, e.g. /opt/slurm: its lib/slurm/, libslurmfull and the plugins)."""
+    srun = shutil.which("srun")
+    own = Path(srun).resolve().parent.parent / "lib" / "slurm" if srun else None
+    return [*SLURM_LIBS, *([str(own)] if own and str(own) not in SLURM_LIBS else [])]
+
+
 def client_paths(environ: dict[str, str] | None = None) -> list[str]:
     """Host paths the Slurm client needs inside the container, found on the node it runs on.
 
@@ -45,14 +53,14 @@ def client_paths(environ: dict[str, str] | None = None) -> list[str]:
         if conf.is_file() else None
     socket = named.group(1) if named else MUNGE_SOCKET
     pmix = [str(p) for p in Path("/usr/lib").glob("*/pmix*/lib/libpmix.so")]
-    return sorted({p for p in (*configs, socket, *SLURM_LIBS, *pmix) if Path(p).exists()})
+    return sorted({p for p in (*configs, socket, *_slurm_libs(), *pmix) if Path(p).exists()})
 
 
 def _host_client() -> tuple[str | None, list[str], dict[str, str]]:
     """The host's loader, library folders and Slurm programs, as resolved host paths (what the wrappers run)."""
     loader = next((str(Path(p).resolve()) for p in ("/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1")
                    if Path(p).exists()), None)
-    libs = list(dict.fromkeys(str(Path(d).resolve()) for d in (*SLURM_LIBS, *SYSTEM_LIBS) if Path(d).is_dir()))
+    libs = list(dict.fromkeys(str(Path(d).resolve()) for d in (*_slurm_libs(), *SYSTEM_LIBS) if Path(d).is_dir()))
     programs = {name: str(Path(exe).resolve()) for name in SLURM_CLIENT if (exe := shutil.which(name))}
     return loader, libs, programs
 
