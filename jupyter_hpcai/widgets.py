@@ -21,6 +21,7 @@ from .engines.launch import usable
 from .engines.own_job import Request, waiting
 from .errors import HPCAIError
 from .ranks import telemetry
+from .scheduler.allocation import project_budget
 from .scheduler.durations import format_duration
 
 THIS_MACHINE, OWN_JOB = "this machine", "a Slurm job of its own"
@@ -151,7 +152,10 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
         alloc = self.engines.allocation  # the kernel's own job once it runs
         job = f"job {alloc.job_id} on {', '.join(alloc.nodes)}" if alloc else "no Slurm job: local engines"
         own = " (this kernel's own)" if self.engines.own_job and alloc else ""
-        self.header.value = f"<b>HPC engines</b> &mdash; {escape(job + own)}"
+        budget = project_budget() if alloc else None
+        left = (f"; project {budget['account']}: {budget['gpu_hours_left']:.1f} of {budget['gpu_hours']:.0f} GPU hours"
+                " left") if budget else ""
+        self.header.value = f"<b>HPC engines</b> &mdash; {escape(job + own + left)}"
         state = self.engines.state
         busy = state in ("pending", "starting", "restarting", "stopping")
         self.start_button.disabled = self.attach_button.disabled = busy or state == "running"

@@ -249,3 +249,29 @@ def test_a_job_name_with_separators_moves_nothing_in_its_end(devcluster: DevClus
     attack("a job's name and comment shaped like an accounting record steer what the hub says of its end",
            (end.state, end.owner, end.nodes) == ("COMPLETED", USER, end.nodes) and "n9" not in end.nodes
            and end.requested_memory != "1G", f"read back: {end}")
+
+
+@pytest.mark.slurm
+def test_the_panel_shows_the_projects_gpu_hours_left(acct_hub: Hub) -> None:
+    """A server in the budgeted project: the side panel's allocation endpoint says the GPU hours its project has
+    left, as the user's associations say them, read by the server (as the user) once for the panel's polls; its
+    recent jobs say how the start that ran out of memory ended (test_a_job_out_of_memory_is_said_on_the_hubs_page,
+    earlier in this file)."""
+    from helpers.jupyter import Server
+
+    status, body = acct_hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)",
+                                                                     "account": BUDGET_PROJECT})
+    assert status in (201, 202), body
+    try:
+        acct_hub.wait_ready()
+        server = Server(acct_hub.user_url(USER), acct_hub.user_token(USER), Path("/dev/null"))
+        status, alloc = server.request("GET", "/hpcai/api/allocation")
+        assert status == 200 and alloc["in_job"], alloc
+        budget = slurm.associations(USER).account(BUDGET_PROJECT)  # type: ignore[union-attr]
+        assert alloc["budget"] == {"account": BUDGET_PROJECT, "gpu_hours": BUDGET_GPU_MINUTES / 60,
+                                   "gpu_hours_left": budget.gpu_hours_left}, alloc  # type: ignore[union-attr]
+        status, recent = server.request("GET", "/hpcai/api/recent-jobs")  # the panel's list: the failed start's end
+        assert status == 200 and any("ran out of memory" in j["said"] and j["state"] == "OUT_OF_MEMORY"
+                                     for j in recent["jobs"]), recent
+    finally:
+        acct_hub.stop_server()

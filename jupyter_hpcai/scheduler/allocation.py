@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
+import getpass
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import HPCAIError
 from . import chosen
 
 JOB_STATE_VAR = "HPCAI_JOB_STATE"  # the notebook job's private folder; its batch script makes it (spawner/script.py)
@@ -93,6 +96,30 @@ def walltime_signal(environ: Mapping[str, str] | None = None) -> float | None:
         return float((Path(folder) / SIGNAL_MARK).read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
+
+
+BUDGET_KEPT_FOR = 300.0  # seconds a process keeps its job's project budget: read once per panel's few minutes, not per poll
+_budget: tuple[float, dict[str, Any] | None] | None = None  # (when read, what was read)
+
+
+def project_budget(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """The GPU budget of the project this job runs under, {"account", "gpu_hours", "gpu_hours_left"}, or None (no
+    job, no accounting, no budget on its account, or the accounting did not answer). Read at most once per
+    BUDGET_KEPT_FOR seconds in a process."""
+    global _budget
+    if _budget is not None and time.monotonic() - _budget[0] < BUDGET_KEPT_FOR:
+        return _budget[1]
+    env = os.environ if environ is None else environ
+    account = env.get(chosen().environment.ACCOUNT, "")
+    try:
+        found = chosen().associations(getpass.getuser(), env) if account else None
+    except HPCAIError:
+        found = None
+    project = found.account(account) if found else None
+    said = None if project is None or project.gpu_hours_left is None else {
+        "account": account, "gpu_hours": (project.gpu_minutes or 0) / 60, "gpu_hours_left": project.gpu_hours_left}
+    _budget = (time.monotonic(), said)
+    return said
 
 
 def walltime_end(signal: float, environ: Mapping[str, str] | None = None) -> float:

@@ -16,7 +16,8 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 
 def _load_jupyter_server_extension(server_app: Any) -> None:
     setup_handlers(server_app.web_app)
-    server_app.log.info("jupyter_hpcai: /hpcai/api/allocation, /hpcai/api/engines and /hpcai/api/stacks ready")
+    server_app.log.info("jupyter_hpcai: /hpcai/api/allocation, /hpcai/api/recent-jobs, /hpcai/api/engines and "
+                        "/hpcai/api/stacks ready")
     # CurveZMQ for kernels whose kernelspec says they take it (kernelspec.py declares it for envs whose ipykernel
     # and zmq can), unless the server's own config chose a policy
     if "transport_encryption" not in server_app.config.get("MappingKernelManager", {}):

@@ -1,12 +1,14 @@
-"""GET /hpcai/api/allocation, GET /hpcai/api/engines, POST /hpcai/api/engines/stop, POST /hpcai/api/stacks and
+"""GET /hpcai/api/allocation, GET /hpcai/api/recent-jobs, GET /hpcai/api/engines, POST /hpcai/api/engines/stop, POST /hpcai/api/stacks and
 POST /hpcai/api/extend (all need the server's authentication); GET /hpcai/api/identity (the hub's check, no login)."""
 
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
 import os
 import re
+import time
 from typing import Any
 
 from jupyter_server.auth.decorator import allow_unauthenticated
@@ -19,17 +21,47 @@ from ..contract import IDENTITY_PATH, identity_proof, token_digest
 from ..engines import listing
 from ..errors import HPCAIError
 from ..replies import extend_seconds, refuse
-from ..scheduler.allocation import Allocation
+from ..scheduler import chosen
+from ..scheduler.allocation import Allocation, project_budget
+from ..scheduler.ends import explain
 
 
 class AllocationHandler(APIHandler):  # type: ignore[misc]
-    """The Slurm job this server runs in; ``{"in_job": false}`` outside one."""
+    """The Slurm job this server runs in, with its project's GPU budget where the site keeps one
+    (``allocation.project_budget``); ``{"in_job": false}`` outside one."""
 
     @web.authenticated
     async def get(self) -> None:
         alloc = await asyncio.to_thread(Allocation.current)
-        body: dict[str, Any] = {"in_job": False} if alloc is None else {"in_job": True, **alloc.to_json()}
+        body: dict[str, Any] = {"in_job": False} if alloc is None else {
+            "in_job": True, **alloc.to_json(), "budget": await asyncio.to_thread(project_budget)}
         self.finish(json.dumps(body))
+
+
+RECENT_KEPT_FOR = 60.0  # seconds the server keeps the user's recent job ends: one sacct a minute, whatever polls
+
+
+class RecentJobsHandler(APIHandler):  # type: ignore[misc]
+    """How the user's jobs of the last week that have ended ended, the latest first (at most 5), from Slurm's
+    accounting: ``{"jobs": [{"job_id", "state", "said"}]}``, ``said`` in words with the advice that fits (empty
+    where the site keeps no accounting)."""
+
+    _kept: tuple[float, list[dict[str, str]]] | None = None
+
+    @web.authenticated
+    async def get(self) -> None:
+        kept = RecentJobsHandler._kept
+        if kept is None or time.monotonic() - kept[0] >= RECENT_KEPT_FOR:
+            kept = RecentJobsHandler._kept = (time.monotonic(), await asyncio.to_thread(_recent_jobs))
+        self.finish(json.dumps({"jobs": kept[1]}))
+
+
+def _recent_jobs() -> list[dict[str, str]]:
+    try:
+        ends = chosen().recent_ends(getpass.getuser())
+    except HPCAIError:
+        return []
+    return [{"job_id": e.job_id, "state": e.state, "said": explain(e)} for e in ends[:5]]
 
 
 class EnginesHandler(APIHandler):  # type: ignore[misc]
@@ -108,6 +140,7 @@ class IdentityHandler(APIHandler):  # type: ignore[misc]
 def setup_handlers(web_app: Any) -> None:
     base = web_app.settings["base_url"]
     web_app.add_handlers(".*$", [(url_path_join(base, "hpcai/api/allocation"), AllocationHandler),
+                                 (url_path_join(base, "hpcai/api/recent-jobs"), RecentJobsHandler),
                                  (url_path_join(base, "hpcai/api/engines"), EnginesHandler),
                                  (url_path_join(base, "hpcai/api/engines/stop"), StopEnginesHandler),
                                  (url_path_join(base, "hpcai/api/stacks"), StacksHandler),

@@ -23,6 +23,14 @@ interface IAllocation {
   seconds_left?: number | null;
   walltime_signal?: number | null; // when Slurm's signal before the walltime came (s since epoch)
   walltime_warning?: number; // how long before the walltime it is sent (0: it is not)
+  // the project's GPU budget where the site keeps one (GrpTRESMins on GPUs), read by the server every few minutes
+  budget?: { account: string; gpu_hours: number; gpu_hours_left: number } | null;
+}
+
+interface IRecentJob {
+  job_id: string;
+  state: string;
+  said: string; // how it ended, in words, with the advice that fits
 }
 
 interface ITelemetry {
@@ -63,6 +71,7 @@ interface IStackGroup {
 }
 
 const REFRESH_MS = 2000;
+const RECENT_JOBS_MS = 60000; // the recent jobs' ends: the server reads Slurm's accounting once a minute at most
 const WARN_SECONDS = 15 * 60;
 // What the hub's proxy answers once the single-user server is gone (424: not running; 502/503: going away)
 const SERVER_GONE = new Set([424, 502, 503]);
@@ -153,6 +162,7 @@ class AllocationPanel extends Widget {
   private _extendSaid = ''; // what the last Extend request got: the new limit, or the site's reason
   private _timers: number[] = [];
   private _refreshing = false;
+  private _recent: IRecentJob[] = [];
 
   constructor() {
     super();
@@ -164,7 +174,9 @@ class AllocationPanel extends Widget {
 
   protected onAfterAttach(): void {
     void this.refresh();
+    void this.readRecentJobs();
     this._timers.push(window.setInterval(() => void this.refresh(), REFRESH_MS));
+    this._timers.push(window.setInterval(() => void this.readRecentJobs(), RECENT_JOBS_MS));
     this._timers.push(window.setInterval(() => this.tick(), 1000));
   }
 
@@ -189,6 +201,16 @@ class AllocationPanel extends Widget {
       this._error = describeFailure(err);
     } finally {
       this._refreshing = false;
+    }
+    this.render();
+  }
+
+  /** How the user's jobs of the last week ended (Slurm's accounting); nothing where the site keeps none. */
+  async readRecentJobs(): Promise<void> {
+    try {
+      this._recent = (await requestJSON<{ jobs: IRecentJob[] }>('hpcai/api/recent-jobs')).jobs;
+    } catch {
+      this._recent = []; // the panel's other parts say what is wrong with the server
     }
     this.render();
   }
@@ -295,6 +317,12 @@ class AllocationPanel extends Widget {
         ['Nodes', `${(a.nodes ?? []).length} (${(a.nodes ?? []).join(', ')})`],
         ['GPUs per node', String(a.gpus_per_node ?? 0)]
       ];
+      if (a.budget) {
+        rows.push([
+          'GPU hours left',
+          `${a.budget.gpu_hours_left.toFixed(1)} of ${a.budget.gpu_hours.toFixed(0)} (project ${a.budget.account})`
+        ]);
+      }
       parts.push(
         '<table class="hpcai-job">' +
           rows.map(([k, v]) => `<tr><th>${k}</th><td>${escape(v)}</td></tr>`).join('') +
@@ -350,6 +378,13 @@ class AllocationPanel extends Widget {
       if (stacks !== undefined) {
         parts.push(`<pre class="hpcai-stacks">${escape(stacks)}</pre>`);
       }
+    }
+    if (this._recent.length) {
+      parts.push(
+        '<h3>Recent jobs</h3><ul class="hpcai-recent-jobs">' +
+          this._recent.map(j => `<li data-state="${escape(j.state)}">${escape(j.said)}</li>`).join('') +
+          '</ul>'
+      );
     }
     this.node.innerHTML = parts.join('');
     const extend = this.node.querySelector<HTMLButtonElement>('.hpcai-extend-button');

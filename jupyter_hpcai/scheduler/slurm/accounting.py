@@ -94,6 +94,11 @@ def _memory(tres: str) -> str:
     return memory if re.fullmatch(r"[\d.]+[KMGTP]?", memory) else ""
 
 
+def _in_units(kib: float) -> str:
+    """``1.7G``, ``300M``; "" for none."""
+    return "" if not kib else f"{kib / 1024 ** 2:.1f}G" if kib >= 1024 ** 2 else f"{kib / 1024:.0f}M"
+
+
 def _kib(memory: str) -> float:
     """sacct's memory (``1805568K``, ``8G``, ``300M``, ``4000Mn``) in KiB; 0 when empty."""
     found = re.match(r"([\d.]+)([KMGT]?)", memory)
@@ -102,23 +107,36 @@ def _kib(memory: str) -> float:
     return float(found.group(1)) * 1024 ** "KMGT".index(found.group(2) or "K")
 
 
+END_FIELDS = "--format=JobID,State,ExitCode,ElapsedRaw,NodeList,ReqTRES,MaxRSS,User"
+
+
 def job_end(job_id: int | str, env: Mapping[str, str] | None = None) -> JobEnd | None:
     """How job ``job_id`` ended: its state, and the step that ran out of memory, the peak memory, who cancelled it."""
-    rows = _parsable(["sacct", "-nP", "-j", str(job_id), "--format=JobID,State,ExitCode,ElapsedRaw,NodeList,ReqTRES,"
-                      "MaxRSS,User"], env)
-    if not rows:
-        return None
-    job = next((r for r in rows if r[0] == str(job_id)), None)
-    if job is None or len(job) < 8:
+    rows = _parsable(["sacct", "-nP", "-j", str(job_id), END_FIELDS], env)
+    return _ended(str(job_id), rows or [])
+
+
+def recent_ends(user: str, days: int = 7, env: Mapping[str, str] | None = None) -> list[JobEnd]:
+    """How ``user``'s jobs of the last ``days`` days that have ended ended, the latest first (one sacct)."""
+    rows = _parsable(["sacct", "-nP", f"--user={user}", f"--starttime=now-{int(days)}days", END_FIELDS], env) or []
+    jobs = [r[0] for r in rows if r[0].isdigit()]
+    ends = (_ended(job, [r for r in rows if r[0] == job or r[0].startswith(f"{job}.")]) for job in reversed(jobs))
+    return [end for end in ends if end is not None]
+
+
+def _ended(job_id: str, rows: list[list[str]]) -> JobEnd | None:
+    """A job's end from its sacct rows (the job's, then its steps'); None while it has not ended."""
+    job = next((r for r in rows if r[0] == job_id and len(r) >= 8), None)
+    if job is None:
         return None
     state, _, by = job[1].partition(" by ")
     if state not in TERMINAL_STATES:
         return None
     steps = [r for r in rows if len(r) >= 8 and r[0].startswith(f"{job_id}.")]
     oom = next((r for r in steps if r[1] == "OUT_OF_MEMORY"), None)
-    peak = max((r[6] for r in steps if r[6]), key=_kib, default="")
-    return JobEnd(str(job_id), "OUT_OF_MEMORY" if oom else state, job[2], int(job[3] or 0), job[4], _memory(job[5]), peak,
-                  oom[4] if oom else "", _user_name(by.strip()), job[7])
+    peak = max((_kib(r[6]) for r in steps), default=0)
+    return JobEnd(job_id, "OUT_OF_MEMORY" if oom else state, job[2], int(job[3] or 0), job[4], _memory(job[5]),
+                  _in_units(peak), oom[4] if oom else "", _user_name(by.strip()), job[7])
 
 
 def _user_name(uid: str) -> str:
