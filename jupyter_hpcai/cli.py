@@ -123,7 +123,9 @@ def devcluster_up(nodes: int, gpus_per_node: int, port: int, single_host: bool, 
     if cluster.cpu_note:
         console.print(f"[yellow]note:[/] the nodes' processes take this host's CPU as its own do: {esc(cluster.cpu_note)}")
     _show_status(cluster)
-    console.print(f"\nTo use it from a shell: [bold]export {environment.CONFIG}={esc(cluster.conf)}[/]")
+    where = f" --state-dir {cluster.state_dir}" if state_dir else ""
+    console.print(f'\nTo use it from a shell: [bold]eval "$(hpcai devcluster env{esc(where)})"[/] (sets '
+                  f"{', '.join(esc(k) for k in cluster.variables())})")
 
 
 @devcluster.command("status")
@@ -424,7 +426,8 @@ def spawner() -> None:
               default=HUB_CONFIG, show_default=True, help="The hub's config file.")
 @click.option("--profile", help="Profile name [default: the first].")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="A user option, e.g. nodes=2.")
-@click.option("--user", default="nobody", show_default=True, help="The unix user the job would run as.")
+@click.option("--user", required=True, help="The user the job would run as: the hub's checks are theirs (their unix "
+              "account and, where the site keeps accounting, their associations).")
 def spawner_preview(config_file: Path, profile: str | None, options: tuple[str, ...], user: str) -> None:
     """Print the batch script the hub would submit, after the same validation."""
     from .spawner.spawner import preview

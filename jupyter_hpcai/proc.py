@@ -7,6 +7,7 @@ import shlex
 import signal
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -14,6 +15,7 @@ from typing import TypeVar
 from .errors import HPCAIError
 
 T = TypeVar("T")
+RAN: Counter[str] = Counter()  # every program this process ran through ``run`` (or counted), by name
 
 
 def _tail(text: str, lines: int = 15) -> str:
@@ -32,6 +34,7 @@ def run(
     """Run ``cmd`` and capture its output; raise HPCAIError naming the command on failure."""
     argv = [str(a) for a in cmd]
     shown = shlex.join(argv)
+    RAN[Path(argv[0]).name] += 1
     try:
         done = subprocess.run(
             argv,

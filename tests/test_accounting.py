@@ -60,6 +60,8 @@ def test_a_user_without_associations_is_told_to_ask_for_one() -> None:
 def test_the_default_account_and_its_qos_are_written_in() -> None:
     options, _ = validate({"profile": "gpu"}, [PROFILE], LIMITS, {}, FOUND)
     assert (options.account, options.qos) == ("climate", "normal")
+    options, _ = validate({"profile": "gpu", "account": "Genomics"}, [PROFILE], LIMITS, {}, FOUND)
+    assert options.account == "genomics", "Slurm keeps account names in lower case"
     options, _ = validate({"profile": "gpu"}, [PROFILE], LIMITS, {}, FOUND, site_qos="normal")
     assert (options.account, options.qos) == ("climate", ""), "the site's QOS is the site's to write"
     assert problems("climate", "debug", "gpu", 1, 1, 600, FOUND, "normal") == {
@@ -174,7 +176,8 @@ c.HPCSlurmSpawner.profiles = [
 ]
 c.HPCSlurmSpawner.environments = {}
 c.HPCSlurmSpawner.start_estimates = False
-c.HPCSlurmSpawner.req_prologue = 'if [ "$SLURM_MEM_PER_NODE" = 300 ]; then srun --overlap -n1 python3 -c "b = [bytearray(50 << 20) for _ in range(40)]" || exit 1; fi'
+c.HPCSlurmSpawner.extend_max_walltime = {"debug": "02:00:00"}
+c.HPCSlurmSpawner.req_prologue = 'if [ "${SLURM_MEM_PER_NODE:-}" = 300 ]; then srun --overlap -n1 python3 -c "b = [bytearray(50 << 20) for _ in range(40)]" || exit 1; fi'
 """)
     hub = Hub(folder, config=config)
     hub.start()
@@ -273,5 +276,30 @@ def test_the_panel_shows_the_projects_gpu_hours_left(acct_hub: Hub) -> None:
         status, recent = server.request("GET", "/hpcai/api/recent-jobs")  # the panel's list: the failed start's end
         assert status == 200 and any("ran out of memory" in j["said"] and j["state"] == "OUT_OF_MEMORY"
                                      for j in recent["jobs"]), recent
+    finally:
+        acct_hub.stop_server()
+
+
+@pytest.mark.slurm
+def test_extend_stays_within_the_jobs_qos(acct_hub: Hub) -> None:
+    """The hub (root) extends a job as Slurm would not let its owner: the site's policy allows 2 hours on debug, but
+    the job runs under QOS debug (at most 30 minutes), so the hub refuses past it, and sets nothing in Slurm."""
+    from helpers.hub import server_token
+    from helpers.record import attack
+    from jupyter_hpcai.scheduler.durations import parse_duration
+
+    status, body = acct_hub.api("POST", f"/users/{USER}/server", {"profile": "1 node, 1 GPU (debug)", "qos": "debug",
+                                                                     "walltime": "00:20:00"})
+    assert status in (201, 202), body
+    try:
+        acct_hub.wait_ready()
+        job = str(acct_hub.server(USER)["state"]["job_id"])  # type: ignore[index]
+        status, said = acct_hub.api("POST", "/hpcai/extend", {"seconds": 1800}, token=server_token(USER, job))
+        after = parse_duration((slurm.job_info(job) or {}).get("TimeLimit", ""))
+        attack("extend a debug-QOS job past its QOS's 30 minutes, through the hub's root", status == 409
+               and "over 00:30:00, the most this site allows under QOS debug" in said.get("error", "") and after == 1200,
+               f"HTTP {status}: {said}; time limit {after} s")
+        status, said = acct_hub.api("POST", "/hpcai/extend", {"seconds": 600}, token=server_token(USER, job))
+        assert status == 200 and said["time_limit"] == "00:30:00", said  # within the QOS: granted
     finally:
         acct_hub.stop_server()

@@ -170,6 +170,9 @@ CLI_CASES = 80
 
 @pytest.fixture(scope="module")
 def cli_env(devcluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    from helpers.hub import USER, ensure_user
+
+    ensure_user(USER)  # whom the spawner's preview checks the options for
     return {**os.environ, "HPCAI_ENV_ROOT": str(tmp_path_factory.mktemp("hostile-envs")), "COLUMNS": "200"}
 
 
@@ -206,8 +209,10 @@ def test_cli(cli_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory, 
     elif kind == "name":
         _cli(["env", "check" if len(text) % 2 else "remove", text or "''"], cli_env)
     else:
+        from helpers.hub import USER
+
         _cli(["spawner", "preview", "--config", "spawner_config/demo_config.py", "--option", f"walltime={text}",
-              "--option", f"account={text}"], cli_env)
+              "--option", f"account={text}", "--user", USER], cli_env)
 
 
 # -- the hub's REST API ----------------------------------------------------------------------------------------

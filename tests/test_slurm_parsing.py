@@ -30,7 +30,7 @@ def test_gres_gpus(gres: str, gpus: int) -> None:
 
 
 def test_a_job_record_keeps_its_fields_whatever_its_path_holds() -> None:
-    line = "7|PENDING|ana|debug|1:00:00|N/A|N/A||n/a|0|2026-12-02T21:33:18|1|gres:gpu:1|afterany:6(unfulfilled)|Resources|(null)|/home/ana/a|Partition=gpu|x%j.log|"
+    line = "7|PENDING|ana|debug|1:00:00|N/A|N/A||n/a|0|2026-12-02T21:33:18|1|gres:gpu:1|afterany:6(unfulfilled)|Resources|normal|(null)|/home/ana/a|Partition=gpu|x%j.log|"
     info = parse_job_line(line)
     assert (info["JobState"], info["Partition"], info["TimeLimit"], info["Reason"]) == ("PENDING", "debug", "01:00:00",
                                                                                         "Resources")
@@ -41,11 +41,11 @@ def test_a_job_record_keeps_its_fields_whatever_its_path_holds() -> None:
 
 def test_an_account_with_separators_moves_only_the_log_path() -> None:
     """Where the site keeps no accounting, a job's owner may set any Account text (scontrol update Account=)."""
-    line = "7|RUNNING|ana|debug|1:00:00|N/A|N/A|n1|n1|0|2026-12-02T21:33:18|1|gres:gpu:1|(null)|None|a|gpu|4-00:00:00|/home/ana/x%j.log|"
+    line = "7|RUNNING|ana|debug|1:00:00|N/A|N/A|n1|n1|0|2026-12-02T21:33:18|1|gres:gpu:1|(null)|None|debug|a|gpu|4-00:00:00|/home/ana/x%j.log|"
     info = parse_job_line(line)
     assert (info["Partition"], info["TimeLimit"], info["NumNodes"], info["TresPerNode"]) == ("debug", "01:00:00", "1",
                                                                                             "gres:gpu:1")
-    assert info["Account"] == "a" and info["StdOut"] == "gpu|4-00:00:00|/home/ana/x7.log"
+    assert info["Account"] == "a" and info["StdOut"] == "gpu|4-00:00:00|/home/ana/x7.log" and info["QOS"] == "debug"
 
 
 def test_a_short_job_record_is_refused() -> None:

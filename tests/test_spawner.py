@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.hub import USER, Hub, as_user, every_gpu_held, progress_events
+from helpers.hub import USER, Hub, as_user, ensure_user, every_gpu_held, progress_events
 from helpers.record import attack
 from helpers.jupyter import Server, execute
 from jupyter_hpcai.scheduler import slurm
@@ -27,6 +27,7 @@ from jupyter_hpcai.devcluster import SEPARATE
 from jupyter_hpcai.proc import wait_until
 from jupyter_hpcai.scheduler.interface import Partition
 from jupyter_hpcai.spawner.options import OptionsError, Profile, merge_limits, validate
+from jupyter_hpcai.spawner.queries import SharedQueries
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 PROFILES = [Profile(name="debug", partition="debug", nodes=1, gpus_per_node=1, walltime="01:00:00"),
@@ -85,9 +86,10 @@ def test_a_start_validates_its_options_once(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(form, "validate", counted)
     monkeypatch.setattr(module.HPCSlurmSpawner, "_limits", lambda self: LIMITS)  # not sinfo: no cluster here
     monkeypatch.setattr(module.HPCSlurmSpawner, "_environments", lambda self: {})
+    monkeypatch.setattr(SharedQueries, "associations", lambda self, user, log=None: None)  # nor its accounting
     config = tmp_path / "jupyterhub_config.py"
     config.write_text(f"c.HPCSlurmSpawner.profiles = {[p.model_dump() for p in PROFILES]!r}\n")
-    spawner = module.offline_spawner(config, "root")
+    spawner = module.offline_spawner(config, "nobody")
     spawner.user_options = asyncio.run(spawner.options_from_form({"profile": ["debug"], "nodes": ["1"]}))
     first, again = spawner.job_script(), spawner.job_script()
     assert len(checked) == 1 and first == again and "--partition=debug" in first
@@ -148,8 +150,9 @@ def test_multi_node_jobs_ask_for_nodes_of_their_users_alone() -> None:
 
 
 def test_preview_prints_the_quoted_script(devcluster) -> None:  # type: ignore[no-untyped-def]
+    ensure_user(USER)  # a user of the site's accounting: the preview checks the options against their associations
     out = subprocess.run(["hpcai", "spawner", "preview", "--config", "spawner_config/demo_config.py",
-                          "--profile", "2 nodes x 2 GPUs", "--option", "walltime=00:20:00", "--user", "root"],
+                          "--profile", "2 nodes x 2 GPUs", "--option", "walltime=00:20:00", "--user", USER],
                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[1],
                          env={**os.environ, "PATH": f"{Path(os.sys.executable).parent}:{os.environ['PATH']}"})
     assert out.returncode == 0, out.stdout + out.stderr
@@ -160,7 +163,8 @@ def test_preview_prints_the_quoted_script(devcluster) -> None:  # type: ignore[n
     assert "JUPYTERHUB_API_TOKEN=" not in script
     assert not any(line.lstrip().startswith("srun") for line in script.splitlines())  # one server, in the batch step
     bad = subprocess.run(["hpcai", "spawner", "preview", "--config", "spawner_config/demo_config.py",
-                          "--option", "nodes=2\n#SBATCH --uid=0"], capture_output=True, text=True, timeout=60,
+                          "--option", "nodes=2\n#SBATCH --uid=0", "--user", USER], capture_output=True, text=True,
+                         timeout=60,
                          cwd=Path(__file__).resolve().parents[1],
                          env={**os.environ, "PATH": f"{Path(os.sys.executable).parent}:{os.environ['PATH']}"})
     assert bad.returncode == 1 and "nodes: must be a whole number" in bad.stdout and "Traceback" not in bad.stderr
@@ -479,7 +483,7 @@ def test_browser_spawn_form_to_jupyterlab(hub: Hub) -> None:
         page.screenshot(path=str(ARTIFACTS / "jupyterlab-after-spawn.png"))
         browser.close()
     job = _job_of_user()
-    assert job["NumNodes"] == "2" and job["TresPerNode"] == "gres:gpu:1"  # what the form asked for
+    assert job["NumNodes"] == "2" and slurm.gres_gpus(job["TresPerNode"]) == 1  # what the form asked for
     hub.stop_server()
 
 

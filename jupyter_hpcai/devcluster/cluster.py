@@ -17,7 +17,7 @@ import shutil
 import signal
 import socket
 import stat
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from importlib.resources import files
 from pathlib import Path
 from string import Template
@@ -39,6 +39,10 @@ _PROGRAMS = ("munged", "slurmctld", "slurmd", "sinfo", "squeue", "sbatch", "srun
 _ACCOUNTING = ("sacct", "sacctmgr", "slurmdbd", "mariadbd", "mariadb-install-db")
 _SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
 NODE_MEMORY_MB = 131072  # declared (SlurmdParameters=config_overrides); a job gets DefMemPerCPU unless it asks
+# sudo's PATH for the commands run through it (the hub's as its users): with a Slurm of the cluster's own, its client
+# first, as a site puts its Slurm's bin/ in secure_path; Debian's own secure_path after it
+SUDOERS = Path("/etc/sudoers.d/hpcai-devcluster")
+SECURE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 GPU_DEVICE_MAJOR = 195  # the NVIDIA driver's character-device major number
 # Only root reads these: slurmctld's state (every job's script and environment) and the daemons' logs.
 PRIVATE_DIRS = ("ctld", "log", "accounting")
@@ -196,7 +200,7 @@ class DevCluster:
     @property
     def acct(self) -> Accounting:
         """The cluster's slurmdbd and database (used only with ``accounting``); ports ``port + 100`` and ``+ 101``."""
-        return Accounting(self.state_dir, self.port + 100)
+        return Accounting(self.state_dir, self.port + 100, self.login_address)
 
     def enrol(self, user: str, projects: tuple[str, ...] | None = None) -> None:
         """Give ``user`` associations with ``projects`` (default: the first project); nothing without accounting."""
@@ -223,14 +227,17 @@ class DevCluster:
         if self.running():
             saved = DevCluster.load(self.state_dir)
             if saved != self:
+                differ = [f"{k} {getattr(saved, k)!r}, not {getattr(self, k)!r}" for k in self._settings()
+                          if getattr(saved, k) != getattr(self, k)]
                 raise HPCAIError(
-                    f"a different dev cluster ({saved.nodes} nodes x {saved.gpus_per_node} GPUs, port {saved.port},"
-                    f" {saved.mode}) is running in {self.state_dir}",
-                    f"stop it first: hpcai devcluster down --state-dir {self.state_dir}",
+                    f"a different dev cluster is running in {self.state_dir}: {'; '.join(differ)}",
+                    f"stop it first (hpcai devcluster down --state-dir {self.state_dir}), or ask for it as it runs "
+                    "(the same --slurm or HPCAI_SLURM, and --accounting, every time)",
                 )
             self.mode, self.note, self.cpu_note = saved.mode, saved.note, saved.cpu_note
         else:
             self._forget_another_slurms_state()
+            self._sudo_path()
             self.state_dir.mkdir(parents=True, exist_ok=True)
             self.note = self.net.up() if self.separate_hosts else "asked for one shared address (--single-host)"
             self.mode = SHARED if self.note else SEPARATE
@@ -295,6 +302,25 @@ class DevCluster:
                              self.accounting)
 
     # -- internals ------------------------------------------------------------------------
+    def _settings(self) -> list[str]:
+        """The fields that make a cluster what it is (those ``up`` compares with the one running)."""
+        return [f.name for f in fields(self) if f.compare and f.name != "state_dir"]
+
+    def _sudo_path(self) -> None:
+        """The secure_path sudo gives the commands it runs: with a Slurm of this cluster's own, its client first (the
+        hub's sbatch as a user, and the job through it, run that Slurm's); the system's secure_path without one."""
+        if not SUDOERS.parent.is_dir():
+            return  # no sudo here: nothing runs through it
+        if not self.slurm:
+            SUDOERS.unlink(missing_ok=True)
+            return
+        staged = SUDOERS.with_name(".hpcai-devcluster.new")  # sudo reads no file with a '.' in its name
+        staged.write_text("# Written by `hpcai devcluster up --slurm PREFIX`; removed by `up` with the system's Slurm.\n"
+                          f'Defaults secure_path="{os.pathsep.join([*self._slurm_path, SECURE_PATH])}"\n')
+        staged.chmod(0o440)
+        run(["visudo", "-cf", str(staged)], timeout=30)
+        staged.replace(SUDOERS)
+
     def _forget_another_slurms_state(self) -> None:
         """Remove the state a cluster of another Slurm left here (its controller's, its nodes', its accounting
         database): no Slurm reads a newer one's, and the cluster starts afresh."""

@@ -22,8 +22,8 @@ from typing import Protocol
 # A record's keys, in the order an implementation may read them in: the two a user may set freely (Account, where
 # a site keeps no accounting, and StdOut, a path) come last, so that a separator in them moves nothing before them.
 RECORD_KEYS = ("JobId", "JobState", "UserName", "Partition", "TimeLimit", "StartTime", "EndTime", "NodeList",
-               "BatchHost", "ExitCode", "SubmitTime", "NumNodes", "TresPerNode", "Dependency", "Reason", "Account",
-               "StdOut")
+               "BatchHost", "ExitCode", "SubmitTime", "NumNodes", "TresPerNode", "Dependency", "Reason", "QOS",
+               "Account", "StdOut")
 TERMINAL_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
      "REVOKED", "SPECIAL_EXIT"}
@@ -171,6 +171,7 @@ class Scheduler(Protocol):
     client: ContainerClient
 
     # -- the hub: submit, cancel, extend, records, partitions, the controller ------------------------------------
+    COMMANDS: tuple[str, ...]  # every client command of the scheduler's the project runs (the hub counts them)
     SUBMITTERS: tuple[str, ...]  # the commands the hub runs as each user (submit, test a submission, cancel)
     PING: tuple[str, ...]  # whether the controller answers
 

@@ -7,15 +7,16 @@ import asyncio
 import contextlib
 import os
 import signal
+from pathlib import Path
 
+from ..proc import RAN
 from ..scheduler import chosen
+
+scheduler = chosen()
 
 # All a command the hub runs as a user gets of the hub's own environment (which holds the hub's secrets, and
 # which sudo -E would pass on for the user to read in /proc): nothing but where the programs and the scheduler are.
-COMMAND_ENV = ("PATH", "LANG", "LC_ALL", chosen().environment.CONFIG)
-# How the hub runs a command as a user (batchspawner's setting). The hub's PATH goes with it: sudo would put its
-# secure_path in its place, and the user's sbatch, and through it the job, could then run another Slurm's client.
-EXEC_PREFIX = "sudo -E --preserve-env=PATH -u {username}"
+COMMAND_ENV = ("PATH", "LANG", "LC_ALL", scheduler.environment.CONFIG)
 
 
 async def run_as_user(argv: list[str], env: dict[str, str], input: str | None, timeout: float,
@@ -23,6 +24,7 @@ async def run_as_user(argv: list[str], env: dict[str, str], input: str | None, t
     """Run a command (through exec_prefix: as the user) in a session of its own; its exit status (None when it did
     not end within ``timeout``), stdout and stderr. Whatever happens, nothing of it outlives the call: the user may
     stop their own process (kill -STOP) or hold its pipes, and killing sudo alone left both pipes open in the hub."""
+    RAN.update(name for name in (Path(word).name for word in argv) if name in scheduler.SUBMITTERS)
     proc = await asyncio.create_subprocess_exec(*argv, env=env, stdin=asyncio.subprocess.PIPE,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                                                 umask=umask, start_new_session=True)

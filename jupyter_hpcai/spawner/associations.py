@@ -10,11 +10,13 @@ from ..scheduler.interface import Account, Associations, Qos
 
 def filled(values: dict[str, object], found: Associations | None, site_qos: str) -> dict[str, object]:
     """``values`` with the account and QOS the job will run under written in: the user's default account and its
-    default QOS where they chose none (the site's QOS, where the site sets one, is written by the site)."""
+    default QOS where they chose none (the site's QOS, where the site sets one, is written by the site); the account
+    in lower case, as Slurm keeps it."""
     if found is None or found.default is None:
         return values
-    account = found.account(str(values.get("account") or found.default.name))
-    values = {**values, "account": values.get("account") or found.default.name}
+    name = str(values.get("account") or found.default.name).lower()  # Slurm keeps account names in lower case
+    account = found.account(name)
+    values = {**values, "account": name}
     if not values.get("qos") and not site_qos and account and account.default_qos:
         values["qos"] = account.default_qos
     return values

@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import HPCAIError
 from ..scheduler import chosen
 from ..scheduler.durations import format_duration, later, parse_duration
+from ..scheduler.interface import Qos
 from .options import SpawnOptions
 
 scheduler = chosen()
@@ -31,18 +32,22 @@ def allowed(policy: Mapping[str, str], partition: str) -> int:
     return seconds
 
 
-def new_limit(policy: Mapping[str, str], partition: str, limit: int, add: int, scheduler_max: int | None) -> int:
+def new_limit(policy: Mapping[str, str], partition: str, limit: int, add: int, scheduler_max: int | None,
+              qos: Qos | None = None) -> int:
     """The job's new time limit in seconds, or an error that says why not. ``policy``: partition (or ``*``)
     -> the longest walltime a notebook job may be extended to; ``scheduler_max``: the partition's own limit
-    (with the admin's ``limits``), which the policy never exceeds."""
-    ceiling = allowed(policy, partition)
+    (with the admin's ``limits``), and ``qos``: the job's QOS (its MaxWall), which the policy never exceeds: the hub
+    (root) could set a limit Slurm would refuse the job's owner."""
+    ceiling, where = allowed(policy, partition), f"on {partition}"
     if scheduler_max:
         ceiling = min(ceiling, scheduler_max)
+    if qos and qos.max_time and qos.max_time < ceiling:
+        ceiling, where = qos.max_time, f"under QOS {qos.name}"
     wanted = limit + add
     if wanted > ceiling:
         room = ceiling - limit
         raise HPCAIError(f"the job's walltime would be {format_duration(wanted)}, over {format_duration(ceiling)}, the "
-                         f"most this site allows on {partition}",
+                         f"most this site allows {where}",
                          f"ask for at most {format_duration(room)} more" if room >= 60 else
                          "the job is at its longest: save your work (%hpc checkpoint) and %hpc continue")
     return wanted
@@ -62,14 +67,15 @@ class JobExtension:
             raise HPCAIError(f"job {self.job_id} is not running ({info.get('JobState', 'gone')})",
                              "only a running notebook job can be extended")
         if changed := as_submitted(info, options, self.user.name):
-            # its owner changed it (scontrol update Partition=, NumNodes=, Account= while pending, or a script
+            # its owner changed it (scontrol update Partition=, NumNodes=, Account=, QOS= while pending, or a script
             # swapped in sbatch's stdin), or it is not this user's job: the policy was decided for the job submitted
             raise HPCAIError(f"job {self.job_id} is not the job the hub submitted for {self.user.name}: "
                              + "; ".join(changed), "only a notebook job as the hub submitted it can be extended")
         partition, old = options.partition, parse_duration(info.get("TimeLimit", "")) or 0
         limits = (await self.current_limits()).get(partition)
-        wanted = new_limit(self.extend_max_walltime, partition, old, seconds,
-                                  limits.max_walltime if limits else None)
+        found = await asyncio.to_thread(self.queries.associations, self.user.name, self.log)
+        wanted = new_limit(self.extend_max_walltime, partition, old, seconds, limits.max_walltime if limits else None,
+                           found.qos.get(info.get("QOS", "")) if found else None)
         limit = format_duration(wanted)
         await self.run_command(scheduler.set_time_limit(self.job_id, limit))
         self.log.info("Extended job %s of %s by %s s to %s", self.job_id, self.user.name, seconds, limit)
@@ -80,12 +86,13 @@ class JobExtension:
 
 def as_submitted(info: dict[str, str], options: SpawnOptions, user: str) -> list[str]:
     """How the scheduler's record of a job differs from the job the hub submitted for ``user`` with ``options`` (its
-    owner, partition, nodes, GPUs per node and account); nothing when it is that job."""
+    owner, partition, nodes, GPUs per node, account and QOS); nothing when it is that job."""
     wanted = {"owner": user, "partition": options.partition, "nodes": str(options.nodes),
-              "GPUs per node": str(options.gpus_per_node), "account": options.account or info.get("Account", "")}
+              "GPUs per node": str(options.gpus_per_node), "account": options.account or info.get("Account", ""),
+              "QOS": options.qos or info.get("QOS", "")}
     found = {"owner": info.get("UserName", ""), "partition": info.get("Partition", ""),
              "nodes": info.get("NumNodes", ""), "GPUs per node": str(scheduler.gres_gpus(info.get("TresPerNode", ""))),
-             "account": info.get("Account", "")}
+             "account": info.get("Account", ""), "QOS": info.get("QOS", "")}
     # Slurm keeps account names in lower case
     return [f"{what} {found[what] or '(none)'}, submitted {wanted[what]}" for what in wanted
             if found[what].lower() != wanted[what].lower()]

@@ -165,6 +165,7 @@ class SpawnForm:
     def _validate(self, raw: dict[str, Any]) -> tuple[SpawnOptions, Profile]:
         """``raw`` checked against the profiles, the limits and the environments, and remembered: the start that
         follows (its check, its two scripts) uses these, and validates again only options that differ."""
+        self.check_account()  # before any question about the user: never for a name the site refuses
         options, profile = validate(raw, self._profiles(), self._limits(), self._environments(),
                                     self.queries.associations(self.user.name, self.log), self._site_qos())
         checked = options.model_dump()

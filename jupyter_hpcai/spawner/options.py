@@ -155,7 +155,8 @@ def validate(raw: Mapping[str, Any], profiles: list[Profile], limits: Mapping[st
         raise OptionsError({str(e["loc"][0]): _say(e) for e in err.errors()}) from None
     errors = _check_limits(options, limits, environments)
     if found is None and options.qos:
-        errors["qos"] = "this site keeps no accounting: there is no QOS to choose (leave it empty)"
+        errors["qos"] = ("no QOS to choose: the site keeps no accounting, or its accounting did not answer the hub "
+                         "(leave it empty)")
     if found is not None:
         errors = {**associations.problems(options.account, options.qos, options.partition, options.nodes,
                                           options.gpus_per_node, options.walltime_seconds, found,

@@ -7,6 +7,8 @@ settings."""
 from __future__ import annotations
 
 import asyncio
+import atexit
+import json
 import logging
 import threading
 import time
@@ -18,6 +20,7 @@ from typing import Generic, TypeVar
 
 from ..scheduler import chosen
 from ..errors import HPCAIError
+from ..proc import RAN
 from ..scheduler.interface import Associations, Partition
 from .estimates import Estimate, Estimates
 from .jobstate import JobStates, SubmitQueue
@@ -57,8 +60,11 @@ class QuerySettings:
 class SharedQueries:
     """The scheduler as the hub's spawners ask it, each question asked once for all of them."""
 
-    def __init__(self, settings: QuerySettings, environments: Callable[[], dict[str, str]] = dict) -> None:
+    def __init__(self, settings: QuerySettings, environments: Callable[[], dict[str, str]] = dict,
+                 log: logging.Logger | None = None) -> None:
         self.settings = settings
+        self.log = log or logging.getLogger(__name__)
+        atexit.register(self.say_calls)
         self.job_states = JobStates()
         self.submits = SubmitQueue()
         self.estimates = Estimates()
@@ -67,6 +73,12 @@ class SharedQueries:
         self._associations: dict[str, Cached[Associations | None]] = {}
         self._associations_lock = threading.Lock()
         self._turns: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)  # user -> held while theirs submits
+
+    def say_calls(self) -> None:
+        """Log every scheduler command the hub has run, by name, as one JSON object (at the hub's exit: what the
+        load test counts)."""
+        self.log.info("Slurm commands this hub ran: %s",
+                      json.dumps({name: RAN[name] for name in scheduler.COMMANDS if RAN[name]}))
 
     def partitions(self) -> list[Partition]:
         """sinfo's partitions, cached for ``limits_ttl`` seconds (one sinfo per form, not per keystroke)."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from batchspawner import JobStatus, SlurmSpawner
+from tornado.web import HTTPError
 from traitlets import Bool, Dict, Float, Integer, List, Set, Unicode, default
 
 from ..contract import token_digest
@@ -20,7 +21,6 @@ from ..errors import HPCAIError
 from ..scheduler import chosen
 from ..scheduler.interface import TERMINAL_STATES
 from . import compat, script
-from .as_user import EXEC_PREFIX
 from .extend import JobExtension
 from .fairness import StartShare
 from .form import SpawnForm
@@ -140,7 +140,6 @@ class HPCSlurmSpawner(SpawnForm, Submission, StartShare, ServerCheck, StartProgr
         cancels it, saying why on the spawn page: a held start counts against JupyterHub.concurrent_spawn_limit for
         everyone while it waits. 0: held as long as the start_timeout allows.""")
 
-    exec_prefix = Unicode(EXEC_PREFIX, config=True, help="How the hub runs a command as the user (as_user.py).")
     _token_digest = ""  # the saved digest of the server's token (load_state), for a hub that restarted
     _queries: ClassVar[SharedQueries | None] = None  # the hub's one, made by the first spawner that asks
     _cancelling: asyncio.Future[bool] | None = None  # the cancel in flight
@@ -156,7 +155,7 @@ class HPCSlurmSpawner(SpawnForm, Submission, StartShare, ServerCheck, StartProgr
         if HPCSlurmSpawner._queries is None:
             settings = QuerySettings(self.limits_ttl, self.start_estimates_ttl, self.job_state_interval,
                                      self.max_concurrent_submits)
-            HPCSlurmSpawner._queries = SharedQueries(settings, site_environments)
+            HPCSlurmSpawner._queries = SharedQueries(settings, site_environments, self.log)
         return HPCSlurmSpawner._queries
 
     _options: SpawnOptions | None = None  # validated at the last start: what its job was submitted with (extend)
@@ -355,7 +354,11 @@ class HPCSlurmSpawner(SpawnForm, Submission, StartShare, ServerCheck, StartProgr
 def preview(config_file: Path, options: dict[str, str], user: str) -> str:
     """The batch script the hub would submit for ``user`` with ``options``, from a hub config file."""
     spawner = offline_spawner(config_file, user)
-    spawner.user_options = spawner._checked(options)
+    try:
+        spawner.user_options = spawner._checked(options)
+    except HTTPError as refusal:  # the site's account policy (check_account): as the hub would answer
+        raise HPCAIError(f"the hub would refuse {user}: {refusal.log_message}",
+                         "preview as a user the hub starts servers for") from None
     return spawner.job_script()
 
 

@@ -16,7 +16,6 @@ from ..interface import TERMINAL_STATES, Account, Associations, JobEnd, Qos
 NO_ACCOUNTING = re.compile(r"accounting_storage/none|not running a supported accounting_storage plugin|"
                            r"Slurm accounting storage is disabled", re.I)
 GPU = "gres/gpu"
-_BUDGET = re.compile(r"^ClusterName=\S+ Account=(\S+) UserName=(\S*) .*?\n(?:\s+.*\n)*?\s+GrpTRESMins=(\S+)", re.M)
 
 
 def _parsable(argv: list[str], env: Mapping[str, str] | None) -> list[list[str]] | None:
@@ -50,21 +49,22 @@ def qos_limits(names: list[str], env: Mapping[str, str] | None = None) -> dict[s
     return found
 
 
-def _budgets(user: str, env: Mapping[str, str] | None) -> dict[str, tuple[int, int]]:
-    """Each of ``user``'s accounts (and their parents) with a GPU budget: (limit, used) in GPU minutes, from
-    slurmctld's association manager, which also holds the usage."""
-    out = run(["scontrol", "show", "assoc_mgr", f"users={user}", "flags=assoc"], env=env, check=False, timeout=30)
+def _budgets(accounts: list[str], env: Mapping[str, str] | None) -> dict[str, tuple[int, int]]:
+    """Each of ``accounts`` with a GPU budget: (limit, used) in GPU minutes, from sshare's fixed fields (the
+    project's own row: its GrpTRESMins, and its usage, GrpTRESRaw, in TRES minutes)."""
+    rows = _parsable(["sshare", "-nP", f"--accounts={','.join(accounts)}", "--format=Account,User,GrpTRESMins,"
+                      "GrpTRESRaw"], env) or []
     budgets = {}
-    for account, user_name, tres in _BUDGET.findall(out.stdout):
-        found = re.match(r"(\d+)\((\d+)\)", _tres(tres, GPU) or "")
-        if found and not user_name:  # the project's own association, not a user's within it
-            budgets[account] = (int(found.group(1)), int(found.group(2)))
+    for account, user, limit, used in (r[:4] for r in rows if len(r) >= 4):
+        gpus, usage = _tres(limit, GPU), _tres(used, GPU)
+        if not user.strip() and gpus and gpus.isdigit():  # the project's own row, not a user's within it
+            budgets[account.strip()] = (int(gpus), int(float(usage or 0)))
     return budgets
 
 
 def associations(user: str, env: Mapping[str, str] | None = None) -> Associations | None:
     """What ``user`` may run under: accounts (default first) with their partitions, QOS and GPU budget."""
-    rows = _parsable(["sacctmgr", "-nP", "show", "user", user, "withassoc",
+    rows = _parsable(["sacctmgr", "-nP", "show", "user", "where", f"name={user}", "withassoc",
                       "format=DefaultAccount,Account,Partition,QOS,DefaultQOS"], env)
     if rows is None:
         return None
@@ -75,7 +75,7 @@ def associations(user: str, env: Mapping[str, str] | None = None) -> Association
         entry = by_account.setdefault(account, {"partitions": set(), "qos": set(), "default_qos": default_qos})
         entry["partitions"].add(partition)  # type: ignore[union-attr]
         entry["qos"].update(q for q in qos.split(",") if q)  # type: ignore[union-attr]
-    budgets = _budgets(user, env) if by_account else {}
+    budgets = _budgets(sorted(by_account), env) if by_account else {}
     accounts = []
     for name in sorted(by_account, key=lambda a: (a != default, a)):
         entry = by_account[name]

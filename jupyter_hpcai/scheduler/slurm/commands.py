@@ -72,7 +72,7 @@ def submit(args: list[str], env: Mapping[str, str] | None = None, timeout: float
 # the hub decides nothing on (StdOut is read as the user); no value can add a field or move another before them.
 JOB_FIELDS = tuple(zip(RECORD_KEYS, ("JobID", "State", "UserName", "Partition", "TimeLimit", "StartTime", "EndTime",
                                     "NodeList", "BatchHost", "exit_code", "SubmitTime", "NumNodes", "tres-per-node",
-                                    "Dependency", "Reason", "Account", "STDOUT"), strict=True))
+                                    "Dependency", "Reason", "qos", "Account", "STDOUT"), strict=True))
 _NONE = ("N/A", "n/a", "(null)", "Unknown", "NONE")
 
 
@@ -206,6 +206,8 @@ def expected_start(answer: str) -> float | None:
 
 
 # --- the commands this project runs, as argument lists (run by their callers: as the user, with their env) ---------
+# every client command of Slurm's this project runs (the hub counts its calls by these names)
+COMMANDS = ("sbatch", "squeue", "scontrol", "sinfo", "scancel", "srun", "sacct", "sacctmgr", "sshare")
 SUBMITTERS = ("sbatch", "scancel")  # what the hub runs as each user: submit, test a submission, cancel
 PING = ("scontrol", "ping")  # whether the controller answers
 
