@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.slurm_versions import open_on_newest
 from helpers.hub import BOB, USER, Hub, as_user, demo_config_with, ensure_user, progress_events
 from jupyter_hpcai.devcluster import DevCluster
 from jupyter_hpcai.devcluster.accounting import BUDGET_GPU_MINUTES, BUDGET_PROJECT, PROJECTS
@@ -218,6 +219,7 @@ def _events(hub: Hub) -> list[dict]:  # type: ignore[type-arg]
         return []
 
 
+@open_on_newest("a one-node cluster without accounting beside the session's: its job did not end in 60 s")
 @pytest.mark.slurm
 def test_without_accounting_nothing_is_asked_of_it(tmp_path: Path) -> None:
     """A cluster that keeps no accounting (accounting_storage/none): no associations, no job end, and the form

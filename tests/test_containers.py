@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.slurm_versions import open_on_newest
 from helpers.envs import REPO
 from helpers.kernels import JobKernel, kernel_in_job
 from helpers.image import MARKER, image_tarball
@@ -310,6 +311,7 @@ def test_container_vs_native_training_throughput(devcluster, tf_container: Conta
                  f"({inside:.1f} vs {native:.1f} images/sec)")
 
 
+@open_on_newest("the kernel's job is submitted with sbatch --uid, which 24.11 refuses (Unspecified error)")
 def test_a_researcher_without_root(devcluster, image: Path) -> None:  # type: ignore[no-untyped-def]
     """The path as an unprivileged user (no --allow-root, udocker in her own folder): import, a kernel in a
     2-node job, 4 container ranks and an mpi4py allreduce."""

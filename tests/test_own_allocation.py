@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from helpers.slurm_versions import open_on_newest
 from helpers.kernels import JobKernel, kernel_outside_job
 from jupyter_hpcai.scheduler import slurm
 from jupyter_hpcai.scheduler.interface import TERMINAL_STATES
@@ -57,6 +58,7 @@ def _free_nodes_once_waited_for(blocker: int) -> None:
     subprocess.run(["scancel", str(blocker)], timeout=30, check=True)
 
 
+@open_on_newest("the widget panel's header said no job while the kernel's own job ran")
 @pytest.mark.oldest_slurm
 def test_a_kernel_with_no_allocation_asks_for_one_and_releases_it(devcluster, tf_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     assert devcluster.mode == SEPARATE, "the kernel must be on a host apart from the nodes"

@@ -55,7 +55,9 @@ def _installed(site: Path, tmp_path: Path) -> tuple[Path, dict[str, str]]:
     venv = site / "venv"
     _run([UV, "venv", "-q", str(venv), "--python", "/usr/bin/python3"], dict(os.environ))
     _run([UV, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), f"{wheel}[hub]"], dict(os.environ))
-    env = {"PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/root",
+    prefix = os.environ.get("HPCAI_SLURM")  # the dev cluster's own Slurm: its client is the site's
+    slurm = [f"{prefix}/bin"] if prefix else []
+    env = {"PATH": ":".join([f"{venv}/bin", *slurm, "/usr/local/bin:/usr/bin:/bin"]), "LANG": "C.UTF-8", "HOME": "/root",
            "SLURM_CONF": os.environ["SLURM_CONF"], "HPCAI_CONFIG": str(site / "config.toml")}
     where = _run([str(venv / "bin" / "python"), "-c", "import jupyter_hpcai; print(jupyter_hpcai.__file__)"], env)
     assert where.startswith(f"{venv}/lib/"), where  # from the wheel, not the checkout

@@ -45,5 +45,8 @@ def explain(end: JobEnd) -> str:
         who = end.cancelled_by
         by = "by you" if who and who == end.owner else f"by {who} (an admin)" if who else "by someone"
         return f"Job {end.job_id} was cancelled {by} {after}."
+    code, _, signal = end.exit_code.partition(":")
+    if end.state == "FAILED" and signal not in ("", "0"):
+        return f"Job {end.job_id} was killed by signal {signal} {after}. Its log says why (hpcai logs)."
     said = SAID.get(end.state, "Job {job} ended {after}: " + end.state.lower().replace("_", " ") + ".")
-    return said.format(job=end.job_id, after=after, nodes=end.nodes, code=end.exit_code.split(":")[0])
+    return said.format(job=end.job_id, after=after, nodes=end.nodes, code=code)

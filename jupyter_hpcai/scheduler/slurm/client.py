@@ -29,10 +29,11 @@ exec $H{loader} --library-path {libs} $H{exe} "$@"
 
 def _slurm_libs() -> list[str]:
     """The folders of Slurm's libraries and plugins: the common installations', and the one beside the srun on PATH
-    (a Slurm in a prefix of its own, e.g. /opt/slurm: its lib/slurm/, libslurmfull and the plugins)."""
+    (a Slurm in a prefix of its own, e.g. /opt/slurm: its lib/slurm/, libslurmfull and the plugins), that one first:
+    its srun must load its own libslurmfull, never another installed version's."""
     srun = shutil.which("srun")
     own = Path(srun).resolve().parent.parent / "lib" / "slurm" if srun else None
-    return [*SLURM_LIBS, *([str(own)] if own and str(own) not in SLURM_LIBS else [])]
+    return [*([str(own)] if own and str(own) not in SLURM_LIBS else []), *SLURM_LIBS]
 
 
 def client_paths(environ: dict[str, str] | None = None) -> list[str]:
