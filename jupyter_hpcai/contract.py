@@ -135,9 +135,6 @@ _ROWS = [
     Variable("HPCAI_SLURM", ("user", "tests"), ("cli", "tests"),
              "the Slurm the dev cluster runs: an install prefix (scripts/build-slurm.sh builds 24.11 into one); "
              "empty for the system's (Debian's 22.05)"),
-    Variable("HPCAI_TEST_ARTIFACTS", ("tests",), ("tests",),
-             "where a test run writes its attack table, benchmark lines and timeline (default test-artifacts/; the "
-             "oldest Slurm's subset writes test-artifacts/slurm-22.05/)"),
     Variable("HPCAI_HUB_DIR", ("cli", "user", "tests"), ("hub", "cli"),
              "the demo hub's state: database, secrets, pid files, log (default /var/lib/hpcai/hub)"),
     Variable("HPCAI_HUB_PORT", ("cli", "user", "tests"), ("hub", "cli"), "the demo hub's public port (default 8000)"),

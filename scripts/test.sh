@@ -10,10 +10,5 @@ SLURM_2411=/var/cache/hpcai/slurm-24.11
 bash scripts/build-slurm.sh "$SLURM_2411"
 # Two processes, each with a dev cluster of its own (jupyter_hpcai/devcluster/pytest_plugin.py), take whole files as
 # they free up, the longest first (conftest.py orders them); the slowest 15 tests are printed at the end.
-run() { .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15 "$@"; }
-status=0
-HPCAI_SLURM=$SLURM_2411 run "$@" || status=$?
-# Debian's Slurm 22.05, the oldest supported: the named subset (its records in test-artifacts/slurm-22.05/)
-echo "[the oldest Slurm supported: Debian's slurm-wlm $(dpkg-query -W -f='${Version}' slurm-wlm), the tests marked oldest_slurm]"
-HPCAI_SLURM= HPCAI_TEST_ARTIFACTS=test-artifacts/slurm-22.05 run -m oldest_slurm "$@" || status=$?
-exit $status
+exec env HPCAI_SLURM="$SLURM_2411" .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder \
+  --durations=15 "$@"

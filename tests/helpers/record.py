@@ -6,7 +6,6 @@ ends (``handed``), which adds it to its own (``received``) before the summary.""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -16,8 +15,7 @@ import pytest
 
 from . import cpu
 
-# where a run writes them: HPCAI_TEST_ARTIFACTS (the oldest Slurm's subset writes its own), else test-artifacts/
-ARTIFACTS = Path(os.environ.get("HPCAI_TEST_ARTIFACTS") or Path(__file__).resolve().parents[2] / "test-artifacts")
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 BENCH: list[str] = []  # benchmark lines (the bench fixture hands it out)
 ATTACKS: list[tuple[str, str, str]] = []  # (attack, "blocked" or "LEAKED", what was observed)
 FILE_SECONDS: dict[str, float] = {}  # each test file's setup, call and teardown time (a session fixture: where first used)
