@@ -8,10 +8,8 @@ associations, two QOS with limits, and a GPU-hour budget on one project.
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
-import signal
 import socket
 import subprocess
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ from pathlib import Path
 from ..errors import HPCAIError
 from ..network import LOOPBACK
 from ..proc import run, start_daemon, wait_until
+from .daemon import Daemon
 
 INSTALL_HINT = "apt-get install -y slurmdbd mariadb-server"
 ORGANISATION = "hpcai-lab"
@@ -81,37 +80,27 @@ class Accounting:
         if not (self.dir / "data" / "mysql").is_dir():
             run(["mariadb-install-db", "--no-defaults", f"--datadir={self.dir / 'data'}", "--user=root",
                  "--skip-test-db", "--auth-root-authentication-method=socket"], timeout=120)
-        if not self._pid("mariadbd"):
+        mariadbd, slurmdbd = self.daemons()
+        if not mariadbd.pid():
             with open(log / "mariadbd.log", "ab") as out:
                 subprocess.Popen(
                     ["mariadbd", "--no-defaults", f"--datadir={self.dir / 'data'}", f"--socket={self.socket}",
-                     f"--port={self.port}", f"--bind-address={LOOPBACK}", f"--pid-file={self.dir / 'mariadbd.pid'}",
+                     f"--port={self.port}", f"--bind-address={LOOPBACK}", f"--pid-file={mariadbd.pid_file}",
                      "--user=root", "--skip-name-resolve", "--innodb-buffer-pool-size=64M",
                      "--innodb-lock-wait-timeout=900", "--performance-schema=OFF"],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
             wait_until(self._database_answers, timeout=60, what="the accounting database to start",
                        hint=f"see {log / 'mariadbd.log'}")
         self._write_dbd_conf()
-        if not self._pid("slurmdbd"):
+        if not slurmdbd.pid():
             start_daemon(["slurmdbd"], log=log / "slurmdbd.start.log", env={**env, "SLURM_CONF": str(self.dir / "slurm.conf")})
             wait_until(lambda: self._sacctmgr(["show", "cluster"], env, check=False).returncode == 0, timeout=60,
                        what="slurmdbd to answer", hint=f"see {log / 'slurmdbd.log'}")
         self._add(env, "cluster", self.cluster)  # before slurmctld starts, which then registers with it
 
-    def pids(self) -> dict[str, int | None]:
-        return {name: self._pid(name) for name in ("mariadbd", "slurmdbd")}
-
-    def down(self, timeout: float = 30) -> None:
-        """Stop slurmdbd, then the database server (each by the PID in its pid file)."""
-        for name in ("slurmdbd", "mariadbd"):
-            pid = self._pid(name)
-            if pid is None:
-                continue
-            os.kill(pid, signal.SIGTERM)
-            try:
-                wait_until(lambda: self._pid(name) is None, timeout=timeout, what=f"{name} to stop")
-            except HPCAIError:
-                os.kill(pid, signal.SIGKILL)
+    def daemons(self) -> list[Daemon]:
+        """The database server and slurmdbd, in start order."""
+        return [Daemon(name, self.dir / f"{name}.pid", name) for name in ("mariadbd", "slurmdbd")]
 
     # -- what a site's accounting holds ---------------------------------------------------
     def org(self, env: dict[str, str], users: list[str]) -> None:
@@ -148,14 +137,6 @@ class Accounting:
 
     def _sacctmgr(self, args: list[str], env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
         return run(["sacctmgr", "--immediate", *args], env=env, check=check, timeout=30)
-
-    def _pid(self, name: str) -> int | None:
-        try:
-            pid = int((self.dir / f"{name}.pid").read_text().split()[0])
-            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-        except (OSError, ValueError, IndexError):
-            return None
-        return pid if Path(argv0).name == name else None
 
     def _database_answers(self) -> bool:
         return run(["mariadb", "--no-defaults", f"--socket={self.socket}", "-u", "root", "-e", "SELECT 1"],

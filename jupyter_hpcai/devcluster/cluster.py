@@ -14,7 +14,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import stat
 from dataclasses import asdict, dataclass, field, fields
@@ -30,6 +29,7 @@ from ..scheduler import chosen
 from ..scheduler.interface import Node
 from .accounting import Accounting
 from .cpu import NodeCPU
+from .daemon import Daemon
 from .namespaces import Network
 
 scheduler = chosen()
@@ -80,25 +80,6 @@ class ClusterStatus:
     addresses: dict[str, str]  # node -> its address
     slurm: str  # the version of the Slurm it runs, e.g. "22.05"; "" before the first up (no config to read it with)
     accounting: bool  # slurmdbd on MariaDB keeps its jobs, users and limits
-
-
-@dataclass(frozen=True)
-class Daemon:
-    """One daemon of the cluster and the pid file it writes."""
-
-    name: str
-    pid_file: Path
-    program: str
-
-    def pid(self) -> int | None:
-        """The PID of the running daemon, or None (no pid file, stale pid, or another program)."""
-        try:
-            pid = int(self.pid_file.read_text().split()[0])
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            return None
-        argv0 = cmdline.split(b"\0")[0].decode(errors="replace")
-        return pid if Path(argv0).name == self.program else None
 
 
 SEPARATE, SHARED = "separate hosts", "one shared address"  # the two network modes
@@ -276,17 +257,8 @@ class DevCluster:
         munged, ctld, *slurmds = self.daemons()
         if ctld.pid() and munged.pid():
             self._cancel_all_jobs(timeout)
-        for daemon in [*slurmds, ctld, munged]:
-            pid = daemon.pid()
-            if pid is None:
-                continue
-            os.kill(pid, signal.SIGTERM)
-            try:
-                wait_until(lambda: daemon.pid() is None, timeout=timeout, what=f"{daemon.name} (pid {pid}) to stop")
-            except HPCAIError:
-                os.kill(pid, signal.SIGKILL)
-                wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout=5, what=f"{daemon.name} to die")
-        self.acct.down(timeout)
+        for daemon in [*slurmds, ctld, *reversed(self.acct.daemons()), munged]:  # slurmdbd before its database
+            daemon.stop(timeout)
         self.net.down()  # also what a crashed `up` or a killed run left
         self.cpu.down()
 
@@ -294,7 +266,7 @@ class DevCluster:
         """Daemons with their PIDs, and the nodes as Slurm reports them (when slurmctld runs)."""
         daemons = {d.name: d.pid() for d in self.daemons()}
         if self.accounting:
-            daemons.update(self.acct.pids())
+            daemons.update({d.name: d.pid() for d in self.acct.daemons()})
         nodes = scheduler.nodes(self.environ()) if daemons["slurmctld"] and daemons["munged"] else []
         return ClusterStatus(self.state_dir, self.conf, daemons, nodes, self.mode, self.note, self.login_address,
                              {n: self.node_address(n) for n in self.node_names},
