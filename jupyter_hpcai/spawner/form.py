@@ -154,10 +154,13 @@ class SpawnForm:
         """The scheduler's partition limits (cached), narrowed by the admin's."""
         return merge_limits(self.queries.partitions(), self.limits, list(self.partitions) or None)
 
+    def _site_options(self) -> list[str]:
+        """The #SBATCH options the site sets for every server (batchspawner's req_* settings, compat.py)."""
+        return compat.sbatch_options({name: getattr(self, name) for name in (*compat.SBATCH, "req_options")})
+
     def _site_qos(self) -> str:
         """The QOS the site sets for every server (batchspawner's req_qos, or --qos in req_options), or ""."""
-        site = compat.sbatch_options({name: getattr(self, name) for name in (*compat.SBATCH, "req_options")})
-        return next((o.split("=", 1)[1] for o in site if o.startswith("--qos=")), "")
+        return next((o.split("=", 1)[1] for o in self._site_options() if o.startswith("--qos=")), "")
 
     def _environments(self) -> dict[str, str]:
         return dict(self.environments) or self.queries.site_environments()

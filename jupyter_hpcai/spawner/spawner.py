@@ -173,7 +173,7 @@ class HPCSlurmSpawner(SpawnForm, Submission, StartShare, ServerCheck, StartProgr
         if options.environment:
             cmd.append(f"--MappingKernelManager.default_kernel_name=hpcai-{options.environment.lower()}")
         keepvars = {*self.get_env(), *compat.extra_variables(self.req_keepvars_extra)}
-        site = compat.sbatch_options({name: getattr(self, name) for name in (*compat.SBATCH, "req_options")})
+        site = self._site_options()
         return script.render(options, profile, user=self.user.name, homedir=self._homedir(),
                              keepvars=",".join(sorted(keepvars)), cmd=[c for c in cmd if c],
                              logdir=self.job_log_folder(), log_days=self.job_log_max_age, site_options=site,
