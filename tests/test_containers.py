@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from helpers.slurm_versions import open_on_newest
 from helpers.envs import REPO
 from helpers.kernels import JobKernel, kernel_in_job
 from helpers.image import MARKER, image_tarball
@@ -176,7 +175,6 @@ def deb_kernel(devcluster, deb: EnvDir, tmp_path_factory: pytest.TempPathFactory
         yield kernel
 
 
-@open_on_newest("the wrappers run the host's 22.05 srun (or, with the prefix's, a libslurmfull mismatch)")
 def test_kernel_runs_inside_the_container_with_the_allocation(deb_kernel: JobKernel) -> None:
     cell = deb_kernel.run("import json, os, sys, subprocess, pathlib\n"
                           "print(json.dumps({'exe': sys.executable, 'marker': os.path.exists(%r), "
@@ -246,7 +244,6 @@ def test_interrupt_reaches_the_kernel_inside(deb_kernel: JobKernel, deb: EnvDir)
     assert deb_kernel.run("6 * 7").result == "42"
 
 
-@open_on_newest("the wrappers run the host's 22.05 srun (or, with the prefix's, a libslurmfull mismatch)")
 def test_mpi4py_allreduce_on_container_engines_across_two_nodes(deb_kernel: JobKernel) -> None:
     assert deb_kernel.run("%load_ext jupyter_hpcai").status == "ok"
     start = deb_kernel.run("%hpc start")
@@ -313,7 +310,6 @@ def test_container_vs_native_training_throughput(devcluster, tf_container: Conta
                  f"({inside:.1f} vs {native:.1f} images/sec)")
 
 
-@open_on_newest("the kernel's job is submitted with sbatch --uid, which 24.11 refuses (Unspecified error)")
 def test_a_researcher_without_root(devcluster, image: Path) -> None:  # type: ignore[no-untyped-def]
     """The path as an unprivileged user (no --allow-root, udocker in her own folder): import, a kernel in a
     2-node job, 4 container ranks and an mpi4py allreduce."""
@@ -323,6 +319,7 @@ def test_a_researcher_without_root(devcluster, image: Path) -> None:  # type: ig
 
     from helpers.hub import USER
     from jupyter_hpcai.demo import ensure_user
+    from jupyter_hpcai.devcluster.slurm_change import slurm_path
 
     user = USER
     ensure_user(user)
@@ -332,7 +329,7 @@ def test_a_researcher_without_root(devcluster, image: Path) -> None:  # type: ig
     environ = {"HOME": home, "USER": user, "LOGNAME": user, "HPCAI_ENV_ROOT": str(work / "envs"),
                "UDOCKER_DIR": str(work / "udocker"), "UDOCKER_TARBALL": "",
                "UDOCKER_USE_PROOT_EXECUTABLE": str(REPO / "tests" / "proot-drop-k"), "HPCAI_UDOCKER": "",
-               "SLURM_CONF": os.environ["SLURM_CONF"], "PATH": "/usr/bin:/bin"}
+               "SLURM_CONF": os.environ["SLURM_CONF"], "PATH": ":".join([*slurm_path(devcluster.slurm), "/usr/bin", "/bin"])}
     try:
         done = subprocess.run(["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "env", "-i",
                                *(f"{k}={v}" for k, v in environ.items()),
@@ -341,8 +338,8 @@ def test_a_researcher_without_root(devcluster, image: Path) -> None:  # type: ig
         assert done.returncode == 0, done.stdout + done.stderr
         assert "--allow-root" not in (work / "envs" / "mine" / "current" / ".hpcai" / "manifest.json").read_text()
         env = EnvStore(work / "envs").env("mine")
-        with kernel_in_job(env, work, ("-N2", "--ntasks-per-node=2", "--gpus-per-node=2", f"--uid={user}",
-                                       f"--gid={user}", f"--chdir={work}"), environ) as kernel:
+        with kernel_in_job(env, work, ("-N2", "--ntasks-per-node=2", "--gpus-per-node=2", f"--chdir={work}"), environ,
+                           user=user) as kernel:
             who = kernel.run("import os, pwd; pwd.getpwuid(os.getuid()).pw_name")
             assert who.result == repr(user)
             assert kernel.run("%load_ext jupyter_hpcai").status == "ok"

@@ -7,12 +7,13 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from jupyter_hpcai.scheduler import slurm
-from jupyter_hpcai.devcluster import SEPARATE, SHARED, DevCluster, check_prerequisites, own_hosts
+from jupyter_hpcai.devcluster import SEPARATE, SHARED, DevCluster, check_prerequisites, own_hosts, slurm_change
 from jupyter_hpcai.devcluster.cpu import NodeCPU
 from jupyter_hpcai.devcluster.namespaces import NODE_IFACE, Network
 from jupyter_hpcai.errors import HPCAIError
@@ -377,3 +378,41 @@ def test_without_namespaces_up_says_so_and_the_nodes_share_loopback(devcluster: 
         assert not (other.state_dir / "network.json").exists()
     finally:
         other.down()
+
+
+def test_clusters_started_at_once_each_set_sudos_path_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each pytest-xdist worker's `up` writes sudo's secure_path at the same moment: none may lose its file to another
+    (CI once failed 108 tests on `visudo: unable to open /etc/sudoers.d/.hpcai-devcluster.new`)."""
+    (tmp_path / "sudoers.d").mkdir()
+    monkeypatch.setattr(slurm_change, "SUDOERS", tmp_path / "sudoers.d" / "hpcai-devcluster")
+    prefixes = [f"/opt/slurm-{n % 2}" for n in range(8)]  # two Slurms, four clusters each, all at once
+    with ThreadPoolExecutor(len(prefixes)) as pool:
+        list(pool.map(slurm_change.set_sudo_path, prefixes))  # re-raises the first HPCAIError
+    text = slurm_change.SUDOERS.read_text()
+    assert any(f'secure_path="/opt/slurm-{n}/bin:/opt/slurm-{n}/sbin:/usr/local/sbin' in text for n in (0, 1)), text
+    assert [p.name for p in (tmp_path / "sudoers.d").iterdir()] == ["hpcai-devcluster"], "a staged file was left"
+    slurm_change.set_sudo_path("")  # the system's Slurm: Debian's own secure_path again
+    assert not slurm_change.SUDOERS.exists()
+
+
+def test_a_change_of_slurm_removes_the_empty_cgroups_the_other_left() -> None:
+    """Real cgroups (of a node name no cluster uses): the empty ones go, deepest first; one with a process stays."""
+    controller = next((c for c in (slurm_change.CGROUP_ROOT / "memory", slurm_change.CGROUP_ROOT)
+                       if (c / "cgroup.procs").exists()), None)
+    if os.geteuid() != 0 or controller is None:
+        pytest.skip("making cgroups needs root and a mounted cgroup filesystem")
+    top = controller / "slurm_hpcaitest"
+    (top / "uid_1001" / "job_7" / "step_batch").mkdir(parents=True)
+    (top / "uid_1002" / "job_8").mkdir(parents=True)
+    busy = subprocess.Popen(["sleep", "60"])
+    try:
+        (top / "uid_1002" / "job_8" / "cgroup.procs").write_text(str(busy.pid))
+        stayed = slurm_change.clear_slurm_cgroups(["hpcaitest"])
+        assert not (top / "uid_1001").exists()
+        assert set(stayed) == {top / "uid_1002" / "job_8", top / "uid_1002", top}
+    finally:
+        busy.kill()
+        busy.wait()
+        wait_until(lambda: not slurm_change.clear_slurm_cgroups(["hpcaitest"]), timeout=10,
+                   what="the test's cgroups to go once their process has")
+    assert not top.exists()

@@ -301,7 +301,8 @@ def _stop_all(hub, users: tuple[str, ...]) -> None:  # type: ignore[no-untyped-d
     wait_until(lambda: not any(_servers(hub).values()) or None, timeout=300, what="every load server to stop")
 
 
-@open_on_newest("with one query per spawner, no server became ready in 7 min (the hub never probed the servers' ports)")
+@open_on_newest("with one query per spawner, no server became ready in 7 min: 24.11.5's slurmctld leaves concurrent "
+                "connections unaccepted for 5 s (20 squeue at once: median 5 s, max 10 s; 22.05: 0.06 s, 0.12 s)")
 @pytest.mark.slurm
 @pytest.mark.slow
 @pytest.mark.alone  # a storm of the whole machine: the other process's timed tests would wait out their limits
@@ -414,7 +415,14 @@ def _hostile(hub, token: str, seen: Attack) -> Callable[[threading.Event], None]
         with ThreadPoolExecutor(5) as pool:
             seen.starts = list(pool.map(lambda i: hub.api("POST", f"/users/{ATTACKER}/servers/s{i}", WAITING_JOB)[0],
                                         range(5)))
-        servers = hub.api("GET", f"/users/{ATTACKER}")[1]["servers"]
+        admitted = seen.starts.count(202) + seen.starts.count(201)
+
+        def submitted() -> dict[str, Any] | None:  # a user's starts are submitted one at a time: wait for each job
+            servers = hub.api("GET", f"/users/{ATTACKER}")[1]["servers"]
+            jobs = [n for n, s in servers.items() if n and (s.get("state") or {}).get("job_id")]
+            return servers if len(jobs) >= admitted else None
+
+        servers = wait_until(submitted, timeout=120, what="her admitted starts' jobs to be submitted")
         for name, server in servers.items():
             job = str((server.get("state") or {}).get("job_id") or "")
             if name and job and as_user(ATTACKER, "scontrol", "hold", job).returncode == 0:
@@ -437,7 +445,6 @@ def _hostile(hub, token: str, seen: Attack) -> Callable[[threading.Event], None]
     return act
 
 
-@open_on_newest("one of her two held starts was not seen held")
 @pytest.mark.slurm
 @pytest.mark.slow
 @pytest.mark.alone  # a storm of the whole machine

@@ -31,6 +31,7 @@ from .accounting import Accounting
 from .cpu import NodeCPU
 from .daemon import Daemon
 from .namespaces import Network
+from .slurm_change import clear_slurm_cgroups, set_sudo_path, slurm_path
 
 scheduler = chosen()
 
@@ -39,10 +40,6 @@ _PROGRAMS = ("munged", "slurmctld", "slurmd", "sinfo", "squeue", "sbatch", "srun
 _ACCOUNTING = ("sacct", "sacctmgr", "slurmdbd", "mariadbd", "mariadb-install-db")
 _SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
 NODE_MEMORY_MB = 131072  # declared (SlurmdParameters=config_overrides); a job gets DefMemPerCPU unless it asks
-# sudo's PATH for the commands run through it (the hub's as its users): with a Slurm of the cluster's own, its client
-# first, as a site puts its Slurm's bin/ in secure_path; Debian's own secure_path after it
-SUDOERS = Path("/etc/sudoers.d/hpcai-devcluster")
-SECURE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 GPU_DEVICE_MAJOR = 195  # the NVIDIA driver's character-device major number
 # Only root reads these: slurmctld's state (every job's script and environment) and the daemons' logs.
 PRIVATE_DIRS = ("ctld", "log", "accounting")
@@ -55,7 +52,7 @@ def check_prerequisites(accounting: bool = True, prefix: str = "") -> None:
     if prefix and not Path(prefix, "sbin", "slurmctld").is_file():
         raise HPCAIError(f"no Slurm in {prefix}: {prefix}/sbin/slurmctld is not there",
                          f"build it there first: scripts/build-slurm.sh {prefix}")
-    path = os.pathsep.join([f"{prefix}/bin", f"{prefix}/sbin", _SBIN_PATH]) if prefix else _SBIN_PATH
+    path = os.pathsep.join([*slurm_path(prefix), _SBIN_PATH])
     missing = [p for p in (*_PROGRAMS, *(_ACCOUNTING if accounting else ())) if shutil.which(p, path=path) is None]
     if missing:
         raise HPCAIError(f"Slurm is not installed here: {', '.join(missing)} not found", f"as root: {INSTALL_HINT}")
@@ -166,13 +163,9 @@ class DevCluster:
         Slurm of its own, its client commands first on PATH (the hub, kernels and ranks then run them)."""
         found = {"SLURM_CONF": str(self.conf), "HPCAI_DEVCLUSTER_DIR": str(self.state_dir)}
         if self.slurm:
-            rest = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d not in self._slurm_path]
-            found["PATH"] = os.pathsep.join([*self._slurm_path, *rest])
+            rest = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d not in slurm_path(self.slurm)]
+            found["PATH"] = os.pathsep.join([*slurm_path(self.slurm), *rest])
         return found
-
-    @property
-    def _slurm_path(self) -> list[str]:
-        return [f"{self.slurm}/bin", f"{self.slurm}/sbin"] if self.slurm else []
 
     def environ(self) -> dict[str, str]:
         """This process's environment with the cluster's variables set."""
@@ -217,8 +210,8 @@ class DevCluster:
                 )
             self.mode, self.note, self.cpu_note = saved.mode, saved.note, saved.cpu_note
         else:
-            self._forget_another_slurms_state()
-            self._sudo_path()
+            self._forget_another_slurm()
+            set_sudo_path(self.slurm)
             self.state_dir.mkdir(parents=True, exist_ok=True)
             self.note = self.net.up() if self.separate_hosts else "asked for one shared address (--single-host)"
             self.mode = SHARED if self.note else SEPARATE
@@ -278,28 +271,14 @@ class DevCluster:
         """The fields that make a cluster what it is (those ``up`` compares with the one running)."""
         return [f.name for f in fields(self) if f.compare and f.name != "state_dir"]
 
-    def _sudo_path(self) -> None:
-        """The secure_path sudo gives the commands it runs: with a Slurm of this cluster's own, its client first (the
-        hub's sbatch as a user, and the job through it, run that Slurm's); the system's secure_path without one."""
-        if not SUDOERS.parent.is_dir():
-            return  # no sudo here: nothing runs through it
-        if not self.slurm:
-            SUDOERS.unlink(missing_ok=True)
-            return
-        staged = SUDOERS.with_name(".hpcai-devcluster.new")  # sudo reads no file with a '.' in its name
-        staged.write_text("# Written by `hpcai devcluster up --slurm PREFIX`; removed by `up` with the system's Slurm.\n"
-                          f'Defaults secure_path="{os.pathsep.join([*self._slurm_path, SECURE_PATH])}"\n')
-        staged.chmod(0o440)
-        run(["visudo", "-cf", str(staged)], timeout=30)
-        staged.replace(SUDOERS)
-
-    def _forget_another_slurms_state(self) -> None:
-        """Remove the state a cluster of another Slurm left here (its controller's, its nodes', its accounting
-        database): no Slurm reads a newer one's, and the cluster starts afresh."""
+    def _forget_another_slurm(self) -> None:
+        """Remove what a cluster of another Slurm left (its controller's state, its nodes', its accounting database,
+        its nodes' cgroups): no Slurm reads a newer one's, and the cluster starts afresh."""
         saved = DevCluster.load(self.state_dir)
         if (self.state_dir / "cluster.json").exists() and saved.slurm != self.slurm:
             for sub in ("ctld", "spool", "accounting"):
                 shutil.rmtree(self.state_dir / sub, ignore_errors=True)
+            clear_slurm_cgroups(self.node_names)
 
     def _all_nodes_usable(self) -> bool:
         try:

@@ -114,17 +114,25 @@ def job_node_address(job: int) -> str:
 
 @contextmanager
 def kernel_in_job(env: EnvDir, work: Path, sbatch_args: tuple[str, ...] = ("-N2", "--ntasks-per-node=2", "--gpus-per-node=2"),
-                  environ: dict[str, str] | None = None, beside: str = "") -> Iterator[JobKernel]:
+                  environ: dict[str, str] | None = None, beside: str = "", user: str = "") -> Iterator[JobKernel]:
     """A notebook kernel in ``env`` (through the hpcai-env provisioner), inside a dev-cluster job (the job's
     environment: this process's, updated with ``environ``); ``beside``: a command the job starts first, in the
-    background (as a notebook job's script starts its engines beside the server)."""
+    background (as a notebook job's script starts its engines beside the server); ``user``: the job submitted by that
+    user's own sbatch (Slurm 24.11 refuses root's ``sbatch --uid``)."""
     from jupyter_hpcai.scheduler import slurm
 
     connection = work / "kernel.json"
-    job = slurm.submit([*sbatch_args, "--time=00:45:00", f"--output={work}/job.out",
-                        "--wrap", f"{beside + ' & ' if beside else ''}"
-                                  f"{_kernel_command(env, work, connection)} --KernelManager.ip={NODE_ADDRESS}"],
-                       env={**os.environ, **(environ or {}), "JUPYTER_PATH": str(work / "share" / "jupyter")})
+    args = [*sbatch_args, "--time=00:45:00", f"--output={work}/job.out",
+            "--wrap", f"{beside + ' & ' if beside else ''}"
+                      f"{_kernel_command(env, work, connection)} --KernelManager.ip={NODE_ADDRESS}"]
+    job_env = {**os.environ, **(environ or {}), "JUPYTER_PATH": str(work / "share" / "jupyter")}
+    if user:
+        done = subprocess.run(["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "env", "sbatch",
+                               "--parsable", *args], env=job_env, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        job = int(done.stdout.split(";")[0])
+    else:
+        job = slurm.submit(args, env=job_env)
     try:
         with _connected(connection, lambda: job) as kernel:
             yield kernel

@@ -1,0 +1,69 @@
+"""What choosing a Slurm for the dev cluster changes outside its state folder, and what another Slurm left.
+
+- sudo's ``secure_path`` (``/etc/sudoers.d/hpcai-devcluster``): the commands the hub runs as its users through sudo,
+  and the jobs they submit, find the cluster's Slurm first, as a site puts its Slurm's ``bin/`` in secure_path.
+- Slurm's own cgroups (``/sys/fs/cgroup/<controller>/slurm_<node>``): slurmd keeps them after it stops, and an older
+  slurmd fails every job in a tree a newer one made ("task_p_pre_setuid functions returned error"), so the empty ones
+  are removed when the cluster changes its Slurm.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from ..proc import run
+
+SUDOERS = Path("/etc/sudoers.d/hpcai-devcluster")
+SECURE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # Debian's
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def slurm_path(prefix: str) -> list[str]:
+    """The folders of the Slurm installed in ``prefix`` that go first on PATH ([] for the system's Slurm)."""
+    return [f"{prefix}/bin", f"{prefix}/sbin"] if prefix else []
+
+
+def set_sudo_path(prefix: str) -> None:
+    """sudo's secure_path with ``prefix``'s Slurm first; Debian's own (the drop-in removed) for the system's Slurm.
+
+    Written to a file of a name of its own, checked by visudo, then renamed into place: clusters started at once (one
+    per pytest-xdist worker) never read or replace each other's half-written file.
+    """
+    if not SUDOERS.parent.is_dir():
+        return  # no sudo here: nothing runs through it
+    if not prefix:
+        SUDOERS.unlink(missing_ok=True)
+        return
+    text = ("# Written by `hpcai devcluster up --slurm PREFIX`; removed by `up` with the system's Slurm.\n"
+            f'Defaults secure_path="{os.pathsep.join([*slurm_path(prefix), SECURE_PATH])}"\n')
+    if SUDOERS.is_file() and SUDOERS.read_text() == text:
+        return
+    # sudo reads no file of sudoers.d with a '.' in its name, so the staged one is never in force
+    fd, staged = tempfile.mkstemp(prefix=".hpcai-devcluster.", suffix=".new", dir=SUDOERS.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.chmod(staged, 0o440)
+        run(["visudo", "-cf", staged], timeout=30)
+        os.replace(staged, SUDOERS)
+    finally:
+        Path(staged).unlink(missing_ok=True)
+
+
+def clear_slurm_cgroups(nodes: list[str]) -> list[Path]:
+    """Remove the empty cgroups Slurm left for ``nodes`` (deepest first); those with a process in them stay.
+
+    Returns what stays.
+    """
+    stayed: list[Path] = []
+    for top in sorted(CGROUP_ROOT.glob("*/slurm_*")) + sorted(CGROUP_ROOT.glob("slurm_*")):
+        if top.name.removeprefix("slurm_") not in nodes:
+            continue
+        for folder, _subdirs, _files in sorted(os.walk(top), key=lambda w: -w[0].count(os.sep)):
+            try:
+                os.rmdir(folder)  # a cgroup goes only when no process and no child cgroup is in it
+            except OSError:
+                stayed.append(Path(folder))
+    return stayed
