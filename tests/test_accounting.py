@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers.slurm_versions import open_on_newest
 from helpers.hub import BOB, USER, Hub, as_user, demo_config_with, ensure_user, progress_events
 from jupyter_hpcai.devcluster import DevCluster
 from jupyter_hpcai.devcluster.accounting import BUDGET_GPU_MINUTES, BUDGET_PROJECT, PROJECTS
 from jupyter_hpcai.errors import HPCAIError
-from jupyter_hpcai.proc import wait_until
+from jupyter_hpcai.proc import RAN, wait_until
 from jupyter_hpcai.scheduler.jobscript import JobScript
 from jupyter_hpcai.scheduler import slurm
 from jupyter_hpcai.scheduler.ends import explain
@@ -23,6 +22,7 @@ from jupyter_hpcai.scheduler.slurm import versions
 from jupyter_hpcai.spawner.associations import problems
 from jupyter_hpcai.spawner.form import render
 from jupyter_hpcai.spawner.options import OptionsError, Profile, merge_limits, validate
+from jupyter_hpcai.spawner.queries import SiteFacts
 from jupyter_hpcai.scheduler.interface import Partition
 
 PROFILE = Profile(name="gpu", partition="gpu", nodes=1, gpus_per_node=1, walltime="01:00:00")
@@ -103,6 +103,34 @@ def test_how_a_job_ended_in_words(end: JobEnd, words: str) -> None:
     assert explain(end).startswith(words)
 
 
+def test_an_extension_the_projects_gpu_budget_cannot_pay_for_is_refused() -> None:
+    """Slurm checks a budget when a job starts, not when the hub (root) raises its limit: the hub checks it, or the
+    project would overrun and lose every running job."""
+    from jupyter_hpcai.spawner.extend import within_budget
+
+    genomics = FOUND.account("genomics")  # 1200 GPU minutes, 300 used: 15 GPU hours left
+    within_budget(genomics, gpus=2, remaining=3600, add=6 * 3600)  # 2 GPUs x 7 h = 14 h: fits
+    with pytest.raises(HPCAIError, match=r"project genomics has 15.0 GPU hours left; this job's 4 GPU\(s\) would "
+                                         r"need 16.0") as refused:
+        within_budget(genomics, gpus=4, remaining=3600, add=3 * 3600)
+    assert refused.value.hint == "ask for at most 02:45:00 more"
+    within_budget(FOUND.account("climate"), gpus=8, remaining=3600, add=86400)  # no budget: nothing to check
+
+
+def test_a_qos_changed_after_submission_is_noticed_where_the_site_set_it() -> None:
+    """The site's QOS (or the account's default) is what the job was submitted with, even where the form left the
+    QOS empty: a job its owner moved to another QOS is not extended."""
+    from jupyter_hpcai.spawner.extend import as_submitted
+    from jupyter_hpcai.spawner.options import SpawnOptions
+
+    options = SpawnOptions(profile="debug", partition="debug", nodes=1, gpus_per_node=1, walltime="00:20:00",
+                           account="climate")
+    info = {"UserName": "ana", "Partition": "debug", "NumNodes": "1", "TresPerNode": "gres/gpu:1",
+            "Account": "climate", "QOS": "normal"}
+    assert as_submitted(info, options, "ana", "debug") == ["QOS normal, submitted debug"]
+    assert as_submitted(info, options, "ana", "normal") == []
+
+
 def test_no_job_asks_for_gpus_both_ways() -> None:
     """Slurm 26.05 refuses --gres=gpu beside --gpus-per-node: every job script is refused before it is written."""
     with pytest.raises(HPCAIError, match="asks for GPUs both ways"):
@@ -143,6 +171,11 @@ def test_the_dev_cluster_keeps_a_sites_accounting(devcluster: DevCluster) -> Non
     assert budget is not None and budget.gpu_minutes == BUDGET_GPU_MINUTES
     bob = slurm.associations(BOB)
     assert bob is not None and [a.name for a in bob.accounts] == [PROJECTS[0]]
+    # the QOS limits and budgets are the site's: a hub keeps them for every user (SharedQueries' SiteFacts)
+    site, before = SiteFacts(ttl=600), dict(RAN)
+    assert [slurm.associations(u, site=site) for u in (USER, BOB, USER)] == [alice, bob, alice]
+    ran = {name: RAN[name] - before.get(name, 0) for name in ("sacctmgr", "sshare")}
+    assert ran == {"sacctmgr": 3 + 1, "sshare": 2}, ran  # each user's own; one QOS read; alice's projects once
 
 
 @pytest.mark.oldest_slurm
@@ -219,7 +252,6 @@ def _events(hub: Hub) -> list[dict]:  # type: ignore[type-arg]
         return []
 
 
-@open_on_newest("a one-node cluster without accounting beside the session's: its job did not end in 60 s")
 @pytest.mark.slurm
 def test_without_accounting_nothing_is_asked_of_it(tmp_path: Path) -> None:
     """A cluster that keeps no accounting (accounting_storage/none): no associations, no job end, and the form

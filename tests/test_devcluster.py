@@ -229,6 +229,20 @@ def test_nodes_are_separate_hosts(devcluster: DevCluster, tmp_path: Path) -> Non
     assert routes.split() == [devcluster.network, "dev", NODE_IFACE, "proto", "kernel", "scope", "link", "src", n1], routes
 
 
+def test_every_address_of_the_cluster_is_named_in_hosts(devcluster: DevCluster) -> None:
+    """slurmctld 24.11 looks up the name of every peer that connects: the login address and the nodes' resolve
+    from /etc/hosts, never through DNS (which this machine cannot reach: each lookup held every other connection
+    for its 5 s timeout, 20 squeue at once then took 5-10 s each)."""
+    if devcluster.mode != SEPARATE:
+        pytest.skip(f"the dev cluster runs with {devcluster.mode}: {devcluster.note}")
+    addresses = [devcluster.login_address, *map(devcluster.node_address, devcluster.node_names)]
+    found = subprocess.run(["getent", "-s", "files", "hosts", *addresses], capture_output=True, text=True,
+                           timeout=10).stdout
+    names = dict(line.split()[:2] for line in found.splitlines())
+    assert names == {devcluster.login_address: devcluster.net.login_name,
+                     **{devcluster.node_address(n): n for n in devcluster.node_names}}, found
+
+
 # Spins from the wall-clock time $1 to $2 and prints the CPU seconds it got meanwhile.
 SPIN = """
 import sys, time
@@ -292,7 +306,7 @@ def _leftovers(cluster: DevCluster) -> list[str]:
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, timeout=30).stdout
     found = [line for line in spaces.splitlines() if line.startswith(cluster.netns_prefix)]
     found += [line for line in links.splitlines() if f" {cluster.bridge}" in line or f"{cluster.bridge}-" in line]
-    addresses = {cluster.node_address(n) for n in cluster.node_names}
+    addresses = {cluster.node_address(n) for n in cluster.node_names} | {cluster.login_address}
     found += [line for line in Path("/etc/hosts").read_text().splitlines()
               if str(cluster.state_dir) in line or line.split()[:1] in ([a] for a in addresses)]
     return found + ([str(cluster.cpu.path)] if cluster.cpu.path.exists() else [])
@@ -385,13 +399,29 @@ def test_clusters_started_at_once_each_set_sudos_path_whole(tmp_path: Path, monk
     (CI once failed 108 tests on `visudo: unable to open /etc/sudoers.d/.hpcai-devcluster.new`)."""
     (tmp_path / "sudoers.d").mkdir()
     monkeypatch.setattr(slurm_change, "SUDOERS", tmp_path / "sudoers.d" / "hpcai-devcluster")
-    prefixes = [f"/opt/slurm-{n % 2}" for n in range(8)]  # two Slurms, four clusters each, all at once
+    for n in (0, 1):
+        for sub in ("bin", "sbin"):
+            (tmp_path / f"slurm-{n}" / sub).mkdir(parents=True)
+    prefixes = [str(tmp_path / f"slurm-{n % 2}") for n in range(8)]  # two Slurms, four clusters each, all at once
     with ThreadPoolExecutor(len(prefixes)) as pool:
         list(pool.map(slurm_change.set_sudo_path, prefixes))  # re-raises the first HPCAIError
     text = slurm_change.SUDOERS.read_text()
-    assert any(f'secure_path="/opt/slurm-{n}/bin:/opt/slurm-{n}/sbin:/usr/local/sbin' in text for n in (0, 1)), text
+    assert any(f'secure_path="{tmp_path}/slurm-{n}/bin:{tmp_path}/slurm-{n}/sbin:/usr/local/sbin' in text
+               for n in (0, 1)), text
     assert [p.name for p in (tmp_path / "sudoers.d").iterdir()] == ["hpcai-devcluster"], "a staged file was left"
     slurm_change.set_sudo_path("")  # the system's Slurm: Debian's own secure_path again
+    assert not slurm_change.SUDOERS.exists()
+
+
+@pytest.mark.parametrize("prefix, refused", [('/opt/x"\nALL ALL=(ALL) NOPASSWD: ALL\n#', "letters, digits"),
+                                             ("/tmp", "may be written by others than root")])
+def test_a_prefix_sudo_would_run_unsafely_is_refused(prefix: str, refused: str, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prefix goes into every user's sudo secure_path: no sudoers syntax in it, and no folder others can write."""
+    (tmp_path / "sudoers.d").mkdir()
+    monkeypatch.setattr(slurm_change, "SUDOERS", tmp_path / "sudoers.d" / "hpcai-devcluster")
+    with pytest.raises(HPCAIError, match=refused):
+        slurm_change.set_sudo_path(prefix)
     assert not slurm_change.SUDOERS.exists()
 
 

@@ -20,7 +20,6 @@ from urllib.error import HTTPError
 
 import pytest
 
-from helpers.slurm_versions import open_on_newest
 from helpers.hub import as_user, progress_events, server_token
 from helpers.record import attack
 from helpers.jupyter import Server
@@ -301,8 +300,6 @@ def _stop_all(hub, users: tuple[str, ...]) -> None:  # type: ignore[no-untyped-d
     wait_until(lambda: not any(_servers(hub).values()) or None, timeout=300, what="every load server to stop")
 
 
-@open_on_newest("with one query per spawner, no server became ready in 7 min: 24.11.5's slurmctld leaves concurrent "
-                "connections unaccepted for 5 s (20 squeue at once: median 5 s, max 10 s; 22.05: 0.06 s, 0.12 s)")
 @pytest.mark.slurm
 @pytest.mark.slow
 @pytest.mark.alone  # a storm of the whole machine: the other process's timed tests would wait out their limits

@@ -2,9 +2,10 @@
 
 A bridge on the host carries the first address of the block (the login node: slurmctld, the hub and its
 proxy); node i's namespace holds the block's (i+1)th address on a veth joined to that bridge, and nothing
-else: no default route, so traffic leaves a node only for loopback or the block. Node names resolve through
-a marked block of /etc/hosts. Every object is written to ``network.json`` in the state dir *before* it is
-made, so ``down`` finds whatever a crashed ``up`` or a killed test run left.
+else: no default route, so traffic leaves a node only for loopback or the block. Node names, and the login
+address's (``<prefix>login``), resolve through a marked block of /etc/hosts: no lookup of theirs reaches DNS.
+Every object is written to ``network.json`` in the state dir *before* it is made, so ``down`` finds whatever a
+crashed ``up`` or a killed test run left.
 
 Where namespaces cannot be made (no privilege, no ``ip``), every node shares the host's loopback, as the
 dev cluster did before; :func:`Network.up` then returns the reason.
@@ -66,6 +67,13 @@ class Network:
     def login_address(self) -> str:
         """The host's address on the bridge, where the nodes reach slurmctld and the hub."""
         return str(ipaddress.IPv4Network(self.block)[1])
+
+    @property
+    def login_name(self) -> str:
+        """The login address's name in /etc/hosts. Slurm 24.11's slurmctld looks up the name of every peer that
+        connects; without an entry each lookup goes to the site's DNS, and 24.11.5 accepts no other connection until
+        it times out (5 s a lookup with no DNS reachable)."""
+        return f"{self.prefix}login"
 
     @property
     def prefixlen(self) -> int:
@@ -149,7 +157,8 @@ class Network:
             _ip("-n", ns, "link", "set", "lo", "up")  # no route but the block's own: no default route
         made.hosts_marker = self._marker
         self._save(made)
-        _write_hosts_block(self._marker, [(self.address(n), n) for n in self.nodes])
+        _write_hosts_block(self._marker, [(self.login_address, self.login_name),
+                                          *((self.address(n), n) for n in self.nodes)])
 
     def down(self) -> None:
         """Remove what ``network.json`` says was made: processes left in the namespaces, the namespaces, veths,

@@ -10,9 +10,11 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
+from ..errors import HPCAIError
 from ..proc import run
 
 SUDOERS = Path("/etc/sudoers.d/hpcai-devcluster")
@@ -36,6 +38,7 @@ def set_sudo_path(prefix: str) -> None:
     if not prefix:
         SUDOERS.unlink(missing_ok=True)
         return
+    _refuse_unsafe(prefix)
     text = ("# Written by `hpcai devcluster up --slurm PREFIX`; removed by `up` with the system's Slurm.\n"
             f'Defaults secure_path="{os.pathsep.join([*slurm_path(prefix), SECURE_PATH])}"\n')
     if SUDOERS.is_file() and SUDOERS.read_text() == text:
@@ -50,6 +53,19 @@ def set_sudo_path(prefix: str) -> None:
         os.replace(staged, SUDOERS)
     finally:
         Path(staged).unlink(missing_ok=True)
+
+
+def _refuse_unsafe(prefix: str) -> None:
+    """sudo runs what it finds first in secure_path as root, for every user of the machine: a prefix only root can
+    write, named in plain characters (nothing a sudoers line could read as its own syntax)."""
+    if not re.fullmatch(r"/[A-Za-z0-9/._+-]+", prefix):
+        raise HPCAIError(f"--slurm {prefix!r}: an absolute path of letters, digits and / . _ + - only",
+                         "install Slurm under a plain path, e.g. /opt/slurm-24.11")
+    for folder in (Path(prefix), *(Path(p) for p in slurm_path(prefix))):
+        found = folder.stat()
+        if found.st_uid != 0 or found.st_mode & 0o022:
+            raise HPCAIError(f"{folder} may be written by others than root: sudo would run what they put there",
+                             f"chown root {folder}; chmod go-w {folder}")
 
 
 def clear_slurm_cgroups(nodes: list[str]) -> list[Path]:

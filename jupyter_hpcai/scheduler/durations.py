@@ -34,6 +34,14 @@ def later(when: str, seconds: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(moved))
 
 
+def seconds_until(when: str) -> int | None:
+    """Seconds from now until ``when`` (``YYYY-MM-DDTHH:MM:SS``, local time; negative once past); None for none."""
+    try:
+        return int(time.mktime(time.strptime(when, "%Y-%m-%dT%H:%M:%S")) - time.time())
+    except ValueError:
+        return None
+
+
 def format_duration(seconds: int) -> str:
     """Seconds as ``D-HH:MM:SS`` (or ``HH:MM:SS`` under a day)."""
     days, rest = divmod(seconds, 86400)

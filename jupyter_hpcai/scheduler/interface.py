@@ -17,7 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
 
 # A record's keys, in the order an implementation may read them in: the two a user may set freely (Account, where
 # a site keeps no accounting, and StdOut, a path) come last, so that a separator in them moves nothing before them.
@@ -162,6 +164,13 @@ class ContainerClient(Protocol):
     def write_wrappers(self, folder: Path) -> None: ...
 
 
+class SiteFacts(Protocol):
+    """Where a caller keeps the site's facts (the same for every user) between users: ``get`` returns what ``make``
+    made for ``key``, made again once it is older than the keeper's time to live."""
+
+    def get(self, key: tuple[str, ...], make: Callable[[], T]) -> T: ...
+
+
 class Scheduler(Protocol):
     """One scheduler. Where a member returns an argument list, its caller runs it (as the user, with their
     environment); ``env`` is the environment a command runs with (None: this process's)."""
@@ -193,8 +202,12 @@ class Scheduler(Protocol):
                       poll: float = 0.5) -> int: ...
     def nodes(self, env: Mapping[str, str] | None = None) -> list[Node]: ...
     def version(self, env: Mapping[str, str] | None = None) -> tuple[int, int]: ...  # (major, minor), read once
-    # what ``user`` may run under; None where the site keeps no accounting (any account text goes)
-    def associations(self, user: str, env: Mapping[str, str] | None = None) -> Associations | None: ...
+    # what ``user`` may run under; None where the site keeps no accounting (any account text goes). ``site`` keeps
+    # what is the same for every user (QOS limits, projects' budgets): a hub asks it once for all its users
+    def associations(self, user: str, env: Mapping[str, str] | None = None,
+                     site: SiteFacts | None = None) -> Associations | None: ...
+    # the limits of each QOS named ({} where the site keeps no accounting); raises HPCAIError when it does not answer
+    def qos_limits(self, names: list[str], env: Mapping[str, str] | None = None) -> dict[str, Qos]: ...
     # how a job that left the queue ended; None where the site keeps no accounting, or it does not know the job
     def job_end(self, job_id: int | str, env: Mapping[str, str] | None = None) -> JobEnd | None: ...
     # how ``user``'s jobs of the last ``days`` days that ended ended, the latest first; [] without accounting

@@ -11,8 +11,8 @@ from typing import Any
 
 from ..errors import HPCAIError
 from ..scheduler import chosen
-from ..scheduler.durations import format_duration, later, parse_duration
-from ..scheduler.interface import Qos
+from ..scheduler.durations import format_duration, later, parse_duration, seconds_until
+from ..scheduler.interface import Account, Qos
 from .options import SpawnOptions
 
 scheduler = chosen()
@@ -53,6 +53,22 @@ def new_limit(policy: Mapping[str, str], partition: str, limit: int, add: int, s
     return wanted
 
 
+def within_budget(account: Account | None, gpus: int, remaining: int, add: int) -> None:
+    """Refuse an extension its project's GPU budget cannot pay for: the job's GPUs for the time it has left plus
+    ``add`` seconds must fit in the GPU minutes the project has left. Slurm checks a budget when a job starts, never
+    when root raises its limit, and a project over its budget loses every running job."""
+    if account is None or account.gpu_minutes is None or not gpus:
+        return
+    left = account.gpu_minutes - account.gpu_minutes_used
+    needed = gpus * (max(0, remaining) + add) / 60
+    if needed > left:
+        room = int(left * 60 / gpus) - max(0, remaining)
+        raise HPCAIError(f"project {account.name} has {left / 60:.1f} GPU hours left; this job's {gpus} GPU(s) would "
+                         f"need {needed / 60:.1f} to run to the extended end",
+                         f"ask for at most {format_duration(room)} more" if room >= 60 else
+                         "save your work (%hpc checkpoint): the project's budget ends before this job")
+
+
 class JobExtension:
     """A mixin of HPCSlurmSpawner: ``extend``, which the hub's extend endpoint calls."""
 
@@ -66,16 +82,23 @@ class JobExtension:
         if info.get("JobState") != "RUNNING":
             raise HPCAIError(f"job {self.job_id} is not running ({info.get('JobState', 'gone')})",
                              "only a running notebook job can be extended")
-        if changed := as_submitted(info, options, self.user.name):
+        found = await asyncio.to_thread(self.queries.associations, self.user.name, self.log)
+        account = found.account((options.account or info.get("Account", "")).lower()) if found else None
+        # the QOS the job was submitted with: the user's, else the site's, else the account's default
+        submitted_qos = options.qos or self._site_qos() or (account.default_qos if account else "")
+        if changed := as_submitted(info, options, self.user.name, submitted_qos):
             # its owner changed it (scontrol update Partition=, NumNodes=, Account=, QOS= while pending, or a script
             # swapped in sbatch's stdin), or it is not this user's job: the policy was decided for the job submitted
             raise HPCAIError(f"job {self.job_id} is not the job the hub submitted for {self.user.name}: "
                              + "; ".join(changed), "only a notebook job as the hub submitted it can be extended")
         partition, old = options.partition, parse_duration(info.get("TimeLimit", "")) or 0
         limits = (await self.current_limits()).get(partition)
-        found = await asyncio.to_thread(self.queries.associations, self.user.name, self.log)
+        # the job's own QOS, read now: an accounting that does not answer refuses the extension (HPCAIError)
+        qos = (await asyncio.to_thread(scheduler.qos_limits, [info["QOS"]] if info.get("QOS") else [])).get(
+            info.get("QOS", ""))
         wanted = new_limit(self.extend_max_walltime, partition, old, seconds, limits.max_walltime if limits else None,
-                           found.qos.get(info.get("QOS", "")) if found else None)
+                           qos)
+        within_budget(account, options.nodes * options.gpus_per_node, seconds_until(info.get("EndTime", "")) or 0, wanted - old)
         limit = format_duration(wanted)
         await self.run_command(scheduler.set_time_limit(self.job_id, limit))
         self.log.info("Extended job %s of %s by %s s to %s", self.job_id, self.user.name, seconds, limit)
@@ -84,12 +107,13 @@ class JobExtension:
                 "end_time": later(info.get("EndTime", ""), wanted - old)}
 
 
-def as_submitted(info: dict[str, str], options: SpawnOptions, user: str) -> list[str]:
+def as_submitted(info: dict[str, str], options: SpawnOptions, user: str, qos: str = "") -> list[str]:
     """How the scheduler's record of a job differs from the job the hub submitted for ``user`` with ``options`` (its
-    owner, partition, nodes, GPUs per node, account and QOS); nothing when it is that job."""
+    owner, partition, nodes, GPUs per node, account and ``qos``, the QOS it was submitted with where known); nothing
+    when it is that job."""
     wanted = {"owner": user, "partition": options.partition, "nodes": str(options.nodes),
               "GPUs per node": str(options.gpus_per_node), "account": options.account or info.get("Account", ""),
-              "QOS": options.qos or info.get("QOS", "")}
+              "QOS": qos or info.get("QOS", "")}
     found = {"owner": info.get("UserName", ""), "partition": info.get("Partition", ""),
              "nodes": info.get("NumNodes", ""), "GPUs per node": str(scheduler.gres_gpus(info.get("TresPerNode", ""))),
              "account": info.get("Account", ""), "QOS": info.get("QOS", "")}

@@ -161,11 +161,14 @@ class StartProgress:
         return "\n".join(lines)
 
     def _job_end(self) -> JobEnd | None:
+        """How the job ended, where the accounting says so of this user's job (never another user's job of a reused
+        id)."""
         try:
-            return scheduler.job_end(self.job_id)
+            end = scheduler.job_end(self.job_id)
         except HPCAIError as err:
             self.log.warning("%s: how job %s ended could not be read: %s", self._log_name, self.job_id, err)
             return None
+        return end if end and end.owner == self.user.name else None
 
     async def _log_tail(self, path: str, lines: int = 15) -> list[str]:
         """The last lines of the job's log, read as the job's user: the path is in their home, so they decide what

@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..scheduler import chosen
 from ..errors import HPCAIError
@@ -47,6 +47,21 @@ class Cached(Generic[T]):
             return self._made[1]
 
 
+class SiteFacts:
+    """The site's facts (QOS limits, projects' budgets) by key, each made at most once per ``ttl`` seconds for all
+    the hub's users (scheduler.interface.SiteFacts): 40 users in one project ask sshare once, not 40 times."""
+
+    def __init__(self, ttl: float) -> None:
+        self._ttl = ttl
+        self._kept: dict[tuple[str, ...], Cached[Any]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, ...], make: Callable[[], T]) -> T:
+        with self._lock:
+            cached = self._kept.setdefault(key, Cached(make, self._ttl))
+        return cached.get()
+
+
 @dataclass(frozen=True)
 class QuerySettings:
     """The admin's settings (HPCSlurmSpawner's traits of the same names)."""
@@ -72,6 +87,7 @@ class SharedQueries:
         self._environments = Cached(environments, settings.limits_ttl)
         self._associations: dict[str, Cached[Associations | None]] = {}
         self._associations_lock = threading.Lock()
+        self._site = SiteFacts(settings.limits_ttl)
         self._turns: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)  # user -> held while theirs submits
 
     def say_calls(self) -> None:
@@ -95,13 +111,17 @@ class SharedQueries:
                                                            self.settings.limits_ttl)
         return cached.get()
 
-    @staticmethod
-    def _read_associations(user: str, log: logging.Logger | None) -> Associations | None:
+    def _read_associations(self, user: str, log: logging.Logger | None) -> Associations | None:
         try:
-            return scheduler.associations(user)
+            return scheduler.associations(user, site=self._site)
         except HPCAIError as err:
             (log or logging.getLogger(__name__)).warning("%s's associations could not be read: %s", user, err)
             return None
+
+    def node_address(self, node: str) -> str:
+        """The address Slurm reaches ``node`` at (its NodeAddr), kept for ``limits_ttl`` seconds: 40 servers on two
+        nodes ask sinfo twice, not 40 times."""
+        return self._site.get(("NodeAddr", node), lambda: scheduler.node_address(node))
 
     def site_environments(self) -> dict[str, str]:
         """The site's environments (a scan of its roots), cached for ``limits_ttl`` seconds: every form and start

@@ -94,14 +94,14 @@ class HPCSlurmSpawner(SpawnForm, Submission, StartShare, ServerCheck, StartProgr
     environments = Dict(config=True, help="""Environments offered: hpcai env name -> display name. Empty (the
         default): every env in the site's roots (HPCAI_ENV_PATH, or the site config's envs.site_roots, else
         /opt/hpcai/envs), read when the form is shown. Never a user's own root: the hub reads only admins' folders.""")
-    limits_ttl = Float(60, config=True, help="Seconds the scheduler's partition limits are cached.")
+    limits_ttl = Float(60, config=True, help="""Seconds the scheduler's partition limits are cached, and so are
+        each user's associations, the site's QOS limits and projects' budgets, and the nodes' addresses.""")
     start_estimates = Bool(True, config=True, help="""Show on the form when Slurm expects each profile's job to
         start (sbatch --test-only as the user), and a shorter walltime that starts sooner.""")
     start_estimates_ttl = Float(30, config=True, help="Seconds a user's start estimates are cached.")
     job_state_interval = Float(1.0, config=True, help="""Seconds between the hub's queries of its jobs' states:
         one squeue per interval answers every spawner's poll, start loop and progress stream. 0: each spawner
-        asks Slurm on its own (one squeue per poll): not with many users on Slurm 24.11.5, whose controller was
-        seen here to accept concurrent connections up to 5 s late (no server of 40 started in 7 min).""")
+        asks Slurm on its own (one scontrol per poll).""")
     max_concurrent_submits = Integer(8, config=True, help="""Submissions (sbatch --test-only, then sbatch) the hub
         runs at once; the others wait in order, and their spawn pages say their place.""")
     bind_ip = Unicode("", config=True, help="""Where the notebook server listens on its node. Empty (the default):
@@ -349,7 +349,7 @@ class HPCSlurmSpawner(SpawnForm, Submission, StartShare, ServerCheck, StartProgr
         """The address the hub reaches the first node at: Slurm's NodeAddr (node names may not resolve), as one IP
         address, so that the hub's check of the server and the proxy's route reach the same (one_address)."""
         host = self.job_status.split()[-1]
-        return one_address(scheduler.node_address(host))
+        return one_address(self.queries.node_address(host))
 
 
 def preview(config_file: Path, options: dict[str, str], user: str) -> str:

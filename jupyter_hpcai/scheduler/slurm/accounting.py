@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from ...errors import HPCAIError
 from ...proc import run
 from ..durations import parse_duration
-from ..interface import TERMINAL_STATES, Account, Associations, JobEnd, Qos
+from ..interface import TERMINAL_STATES, Account, Associations, JobEnd, Qos, SiteFacts
 
 NO_ACCOUNTING = re.compile(r"accounting_storage/none|not running a supported accounting_storage plugin|"
                            r"Slurm accounting storage is disabled", re.I)
@@ -62,8 +62,10 @@ def _budgets(accounts: list[str], env: Mapping[str, str] | None) -> dict[str, tu
     return budgets
 
 
-def associations(user: str, env: Mapping[str, str] | None = None) -> Associations | None:
-    """What ``user`` may run under: accounts (default first) with their partitions, QOS and GPU budget."""
+def associations(user: str, env: Mapping[str, str] | None = None,
+                 site: SiteFacts | None = None) -> Associations | None:
+    """What ``user`` may run under: accounts (default first) with their partitions, QOS and GPU budget. The QOS
+    limits and the budgets are the site's: kept in ``site`` where given, for the other users who ask."""
     rows = _parsable(["sacctmgr", "-nP", "show", "user", "where", f"name={user}", "withassoc",
                       "format=DefaultAccount,Account,Partition,QOS,DefaultQOS"], env)
     if rows is None:
@@ -75,7 +77,9 @@ def associations(user: str, env: Mapping[str, str] | None = None) -> Association
         entry = by_account.setdefault(account, {"partitions": set(), "qos": set(), "default_qos": default_qos})
         entry["partitions"].add(partition)  # type: ignore[union-attr]
         entry["qos"].update(q for q in qos.split(",") if q)  # type: ignore[union-attr]
-    budgets = _budgets(sorted(by_account), env) if by_account else {}
+    keep = site.get if site else (lambda _key, make: make())
+    projects = sorted(by_account)
+    budgets = keep(("budgets", *projects), lambda: _budgets(projects, env)) if by_account else {}
     accounts = []
     for name in sorted(by_account, key=lambda a: (a != default, a)):
         entry = by_account[name]
@@ -84,7 +88,7 @@ def associations(user: str, env: Mapping[str, str] | None = None) -> Association
         accounts.append(Account(name, () if "" in partitions else tuple(sorted(partitions)),  # type: ignore[arg-type]
                                 tuple(sorted(entry["qos"])), str(entry["default_qos"]), limit, used))
     named = sorted({q for a in accounts for q in a.qos})
-    return Associations(user, tuple(accounts), qos_limits(named, env))
+    return Associations(user, tuple(accounts), keep(("qos", *named), lambda: qos_limits(named, env)))
 
 
 def _memory(tres: str) -> str:
@@ -126,7 +130,8 @@ def recent_ends(user: str, days: int = 7, env: Mapping[str, str] | None = None) 
 
 def _ended(job_id: str, rows: list[list[str]]) -> JobEnd | None:
     """A job's end from its sacct rows (the job's, then its steps'); None while it has not ended."""
-    job = next((r for r in rows if r[0] == job_id and len(r) >= 8), None)
+    # the newest job of that id (sacct lists every job that had it, the oldest first: ids are reused)
+    job = next((r for r in reversed(rows) if r[0] == job_id and len(r) >= 8), None)
     if job is None:
         return None
     state, _, by = job[1].partition(" by ")

@@ -10,6 +10,9 @@ read only where no such words exist (``version``, read once per process). Standa
   (``expand_output``), which leaves an expanded path as it is.
 - 26.05 refuses ``--gres=gpu:N`` beside ``--gpus-per-node``: no job script asks for both (``gpu_options``).
 - cgroup v2 is the default, and v1 deprecated from 25.05: the dev cluster's cgroup.conf says ``autodetect``.
+- 24.11's slurmctld looks up the name of every peer that connects, and (24.11.5) accepts no other connection
+  meanwhile: a login or hub address that DNS cannot name quickly delays every command (the dev cluster names its
+  addresses in /etc/hosts).
 """
 
 from __future__ import annotations
