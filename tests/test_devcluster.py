@@ -446,3 +446,33 @@ def test_a_change_of_slurm_removes_the_empty_cgroups_the_other_left() -> None:
         wait_until(lambda: not slurm_change.clear_slurm_cgroups(["hpcaitest"]), timeout=10,
                    what="the test's cgroups to go once their process has")
     assert not top.exists()
+
+
+def test_the_cgroups_are_claimed_by_one_slurm_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node cgroups are the machine's, whatever the state folder: a cluster of the Slurm that made them keeps them, one
+    of another Slurm removes them first, and is refused while a job of the other one still runs in them."""
+    controller = next((c for c in (slurm_change.CGROUP_ROOT / "memory", slurm_change.CGROUP_ROOT)
+                       if (c / "cgroup.procs").exists()), None)
+    if os.geteuid() != 0 or controller is None:
+        pytest.skip("making cgroups needs root and a mounted cgroup filesystem")
+    monkeypatch.setattr(slurm_change, "CGROUP_LOCK", tmp_path / "claimed")
+    job = controller / "slurm_hpcaitest" / "uid_1001" / "job_7"
+    job.mkdir(parents=True)
+    slurm_change.claim_slurm_cgroups("/opt/slurm-a", ["hpcaitest"])  # unknown maker: cleared
+    assert not job.parent.parent.exists() and (tmp_path / "claimed").read_text() == "/opt/slurm-a\n"
+    job.mkdir(parents=True)
+    slurm_change.claim_slurm_cgroups("/opt/slurm-a", ["hpcaitest"])  # its own: kept
+    assert job.exists()
+    busy = subprocess.Popen(["sleep", "60"])
+    try:
+        (job / "cgroup.procs").write_text(str(busy.pid))
+        with pytest.raises(HPCAIError, match="another Slurm's jobs still run in"):
+            slurm_change.claim_slurm_cgroups("", ["hpcaitest"])  # the system's Slurm while a's job runs
+        assert (tmp_path / "claimed").read_text() == "/opt/slurm-a\n"
+    finally:
+        busy.kill()
+        busy.wait()
+        wait_until(lambda: not slurm_change.clear_slurm_cgroups(["hpcaitest"]), timeout=10,
+                   what="the test's cgroups to go once their process has")
+    slurm_change.claim_slurm_cgroups("", ["hpcaitest"])
+    assert (tmp_path / "claimed").read_text() == "\n"

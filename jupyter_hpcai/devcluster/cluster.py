@@ -31,7 +31,7 @@ from .accounting import Accounting
 from .cpu import NodeCPU
 from .daemon import Daemon
 from .namespaces import Network
-from .slurm_change import clear_slurm_cgroups, set_sudo_path, slurm_path
+from .slurm_change import claim_slurm_cgroups, set_sudo_path, slurm_path
 
 scheduler = chosen()
 
@@ -212,6 +212,7 @@ class DevCluster:
         else:
             self._forget_another_slurm()
             set_sudo_path(self.slurm)
+            claim_slurm_cgroups(self.slurm, self.node_names)
             self.state_dir.mkdir(parents=True, exist_ok=True)
             self.note = self.net.up() if self.separate_hosts else "asked for one shared address (--single-host)"
             self.mode = SHARED if self.note else SEPARATE
@@ -272,13 +273,12 @@ class DevCluster:
         return [f.name for f in fields(self) if f.compare and f.name != "state_dir"]
 
     def _forget_another_slurm(self) -> None:
-        """Remove what a cluster of another Slurm left (its controller's state, its nodes', its accounting database,
-        its nodes' cgroups): no Slurm reads a newer one's, and the cluster starts afresh."""
+        """Remove what a cluster of another Slurm left in the state folder (its controller's state, its nodes', its
+        accounting database): no Slurm reads a newer one's, and the cluster starts afresh."""
         saved = DevCluster.load(self.state_dir)
         if (self.state_dir / "cluster.json").exists() and saved.slurm != self.slurm:
             for sub in ("ctld", "spool", "accounting"):
                 shutil.rmtree(self.state_dir / sub, ignore_errors=True)
-            clear_slurm_cgroups(self.node_names)
 
     def _all_nodes_usable(self) -> bool:
         try:

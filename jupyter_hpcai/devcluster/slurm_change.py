@@ -2,13 +2,15 @@
 
 - sudo's ``secure_path`` (``/etc/sudoers.d/hpcai-devcluster``): the commands the hub runs as its users through sudo,
   and the jobs they submit, find the cluster's Slurm first, as a site puts its Slurm's ``bin/`` in secure_path.
-- Slurm's own cgroups (``/sys/fs/cgroup/<controller>/slurm_<node>``): slurmd keeps them after it stops, and an older
-  slurmd fails every job in a tree a newer one made ("task_p_pre_setuid functions returned error"), so the empty ones
-  are removed when the cluster changes its Slurm.
+- Slurm's own cgroups (``/sys/fs/cgroup/<controller>/slurm_<node>``, one per node name for the whole machine):
+  slurmd keeps them after it stops, and an older slurmd fails every job in a tree a newer one made
+  ("task_p_pre_setuid functions returned error"), so the empty ones are removed when the machine's clusters change
+  their Slurm (``/run/hpcai-devcluster-cgroups`` says which one made them last).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import tempfile
@@ -20,6 +22,7 @@ from ..proc import run
 SUDOERS = Path("/etc/sudoers.d/hpcai-devcluster")
 SECURE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # Debian's
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_LOCK = Path("/run/hpcai-devcluster-cgroups")  # which Slurm's slurmd made the nodes' cgroups last
 
 
 def slurm_path(prefix: str) -> list[str]:
@@ -66,6 +69,23 @@ def _refuse_unsafe(prefix: str) -> None:
         if found.st_uid != 0 or found.st_mode & 0o022:
             raise HPCAIError(f"{folder} may be written by others than root: sudo would run what they put there",
                              f"chown root {folder}; chmod go-w {folder}")
+
+
+def claim_slurm_cgroups(prefix: str, nodes: list[str]) -> None:
+    """Before ``nodes``' slurmd start with the Slurm in ``prefix`` ("" for the system's): where another Slurm made
+    their cgroups last (any state folder's cluster: the cgroups are named by node only), remove
+    the empty ones first. Raise where one still holds a process: that Slurm's slurmd would fail this one's jobs."""
+    with open(CGROUP_LOCK, "a+") as lock:  # clusters started at once: one claims, the others find it claimed
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.seek(0)
+        if lock.read() == f"{prefix}\n":
+            return
+        stayed = clear_slurm_cgroups(nodes)
+        if stayed:
+            raise HPCAIError(f"another Slurm's jobs still run in {', '.join(map(str, stayed[:3]))}",
+                             "stop the dev cluster that runs them (hpcai devcluster down --state-dir DIR), or reboot")
+        lock.truncate(0)
+        lock.write(f"{prefix}\n")
 
 
 def clear_slurm_cgroups(nodes: list[str]) -> list[Path]:

@@ -55,8 +55,9 @@ def new_limit(policy: Mapping[str, str], partition: str, limit: int, add: int, s
 
 def within_budget(account: Account | None, gpus: int, remaining: int, add: int) -> None:
     """Refuse an extension its project's GPU budget cannot pay for: the job's GPUs for the time it has left plus
-    ``add`` seconds must fit in the GPU minutes the project has left. Slurm checks a budget when a job starts, never
-    when root raises its limit, and a project over its budget loses every running job."""
+    ``add`` seconds must fit in the GPU minutes the project has left (the project's other running jobs are not
+    counted). Slurm checks a budget when a job starts, never when root raises its limit, and a project over its
+    budget loses every running job."""
     if account is None or account.gpu_minutes is None or not gpus:
         return
     left = account.gpu_minutes - account.gpu_minutes_used
@@ -82,7 +83,7 @@ class JobExtension:
         if info.get("JobState") != "RUNNING":
             raise HPCAIError(f"job {self.job_id} is not running ({info.get('JobState', 'gone')})",
                              "only a running notebook job can be extended")
-        found = await asyncio.to_thread(self.queries.associations, self.user.name, self.log)
+        found = await asyncio.to_thread(self.queries.fresh_associations, self.user.name)  # no answer: refused
         account = found.account((options.account or info.get("Account", "")).lower()) if found else None
         # the QOS the job was submitted with: the user's, else the site's, else the account's default
         submitted_qos = options.qos or self._site_qos() or (account.default_qos if account else "")

@@ -159,8 +159,13 @@ class SpawnForm:
         return compat.sbatch_options({name: getattr(self, name) for name in (*compat.SBATCH, "req_options")})
 
     def _site_qos(self) -> str:
-        """The QOS the site sets for every server (batchspawner's req_qos, or --qos in req_options), or ""."""
-        return next((o.split("=", 1)[1] for o in self._site_options() if o.startswith("--qos=")), "")
+        """The QOS the site sets for every server (batchspawner's req_qos, or --qos/-q in req_options), or ""."""
+        for option in self._site_options():  # one word each (compat.sbatch_options): --qos=Q or -qQ
+            if option.startswith("--qos="):
+                return option.removeprefix("--qos=")
+            if option.startswith("-q") and len(option) > 2:
+                return option[2:]
+        return ""
 
     def _environments(self) -> dict[str, str]:
         return dict(self.environments) or self.queries.site_environments()

@@ -111,6 +111,11 @@ class SharedQueries:
                                                            self.settings.limits_ttl)
         return cached.get()
 
+    def fresh_associations(self, user: str) -> Associations | None:
+        """``user``'s associations as the accounting says them now (the site's QOS limits and budgets as read within
+        ``limits_ttl``): None where the site keeps no accounting; HPCAIError where it does not answer."""
+        return scheduler.associations(user, site=self._site)
+
     def _read_associations(self, user: str, log: logging.Logger | None) -> Associations | None:
         try:
             return scheduler.associations(user, site=self._site)

@@ -120,7 +120,8 @@ class HPCSlurmSpawner(SpawnForm, Submission, StartShare, ServerCheck, StartProgr
         overrides it.""")
     extend_max_walltime = Dict(config=True, help="""How far users may extend a running notebook job
         (%hpc extend, the side panel's Extend): partition (or "*" for any other) -> the longest walltime in all,
-        e.g. {"gpu": "12:00:00"}; never past the partition's own limit. Empty (the default): off.""")
+        e.g. {"gpu": "12:00:00"}; never past the partition's own limit, the job's QOS's MaxWall, nor what its
+        project's GPU budget has left. Empty (the default): off.""")
     follows = Unicode("", help="""A job this server's next job starts after (set by the hub's /api/hpcai/continue
         for a follow-up, cleared once submitted): the script asks Slurm for --dependency=afterany:JOB.""")
     job_log_dir = Unicode(script.LOG_DIR, config=True, help="""The folder of each notebook job's log
