@@ -26,6 +26,7 @@ from helpers.sockets import listeners
 from helpers.hub import BOB, USER, Hub, as_user, ensure_user, every_gpu_held, server_token
 from jupyter_hpcai.scheduler import allocation
 from jupyter_hpcai.scheduler import slurm
+from jupyter_hpcai.scheduler.slurm.commands import JOB_FIELDS, parse_job_line
 from jupyter_hpcai.scheduler.interface import TERMINAL_STATES
 from jupyter_hpcai.scheduler.durations import parse_duration
 from jupyter_hpcai.devcluster import SEPARATE, DevCluster
@@ -137,6 +138,37 @@ def test_what_a_user_writes_into_slurm_does_not_steer_the_hub(hub: Hub) -> None:
     after = slurm.job_info(job) or {}
     assert parse_duration(after["TimeLimit"]) == 3600, after
     hub.stop_server()
+
+
+def test_a_line_break_in_a_jobs_output_path_forges_no_other_record(devcluster: DevCluster, tmp_path: Path) -> None:
+    """A job's owner may set its StdOut (scontrol update StdOut= while it waits) to a path with a line break and a
+    whole record after it, of another user's job: the hub's one squeue for every spawner reads records by a word of
+    its own query, so bob's job stays as Slurm holds it."""
+    ensure_user(USER)
+    ensure_user(BOB)
+    jobs = {}
+    for user in (USER, BOB):
+        done = as_user(user, "sbatch", "--parsable", "--hold", "--partition=debug", "--output=/dev/null",
+                       "--wrap=true", timeout=60)
+        assert done.returncode == 0, done.stderr
+        jobs[user] = done.stdout.strip()
+    try:
+        forged = "|".join([jobs[BOB], "COMPLETED", BOB, "gpu", "4-00:00:00", "N/A", "N/A", "n9", "n9", "0", "N/A",
+                           "1", "N/A", "", "None", "normal", "climate", "/dev/null"])
+        done = as_user(USER, "scontrol", "update", f"JobId={jobs[USER]}", f"StdOut=/tmp/x|\n{forged}")
+        assert done.returncode == 0, done.stderr  # Slurm takes it: only the length of a path is checked
+        line_by_line = subprocess.run(["squeue", "--noheader", "--states=all", f"--jobs={jobs[BOB]},{jobs[USER]}",
+                                       "--Format=" + ",".join(f"{field}:|" for _, field in JOB_FIELDS)],
+                                      capture_output=True, text=True, timeout=30).stdout.splitlines()
+        read = [parse_job_line(line) for line in line_by_line if line.strip()]
+        # the control: read line by line, her path holds a record of bob's job, ended
+        assert any(r["JobId"] == jobs[BOB] and r["JobState"] == "COMPLETED" for r in read), read
+        found = slurm.jobs_info([jobs[BOB], jobs[USER]])
+        attack("a line break in a job's StdOut forges another user's job record in the hub's shared query",
+               found[jobs[BOB]]["JobState"] == "PENDING" and found[jobs[BOB]]["NodeList"] == ""
+               and found[jobs[USER]]["StdOut"].endswith(forged), f"bob's job read as {found.get(jobs[BOB])}")
+    finally:
+        subprocess.run(["scancel", *jobs.values()], timeout=30, check=False)
 
 
 def _named(hub: Hub, user: str, name: str) -> dict:  # type: ignore[type-arg]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
+import string
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -77,7 +79,8 @@ _NONE = ("N/A", "n/a", "(null)", "Unknown", "NONE")
 
 
 def parse_job_line(line: str) -> dict[str, str]:
-    """One line of ``squeue --Format`` with JOB_FIELDS, each ending in ``|`` (StdOut last, taken whole)."""
+    """One record of ``squeue --Format`` with JOB_FIELDS, each ending in ``|`` (StdOut last, taken whole, line
+    breaks included: ``jobs_info`` ends each record with a word of its own query)."""
     values = line.removesuffix("|").split("|", len(JOB_FIELDS) - 1)
     if len(values) != len(JOB_FIELDS):
         raise HPCAIError(f"squeue printed a line that is not a job record: {line[:200]!r}", "check the Slurm client")
@@ -100,15 +103,18 @@ def jobs_info(job_ids: Sequence[int | str], env: Mapping[str, str] | None = None
     """Slurm's records of the jobs it still knows of ``job_ids`` (JOB_FIELDS), by job id, from one squeue."""
     if not job_ids:
         return {}
-    fmt = ",".join(f"{field}:|" for _, field in JOB_FIELDS)  # with a suffix and no width: never cut to 20
+    # Each record ends with a word of this query's own, not with its line: a job's owner may put a line break in
+    # its StdOut (scontrol update StdOut=), and the line after it would read as another job's record
+    end = "|" + "".join(secrets.choice(string.ascii_letters) for _ in range(24))
+    fields = [f"{field}:|" for _, field in JOB_FIELDS[:-1]] + [f"{JOB_FIELDS[-1][1]}:{end}"]  # no width: never cut
     argv = ["squeue", "--noheader", "--states=all", f"--jobs={','.join(str(int(j)) for j in job_ids)}",
-            f"--Format={fmt}"]
+            f"--Format={','.join(fields)}"]
     done = run(argv, env=env, check=False, timeout=30)
     if done.returncode != 0:
         if "Invalid job id" in done.stderr:  # none of them is known any more
             return {}
         run(argv, env=env, timeout=30)  # raises with the message
-    records = (parse_job_line(line.rstrip("\n")) for line in done.stdout.splitlines() if line.strip())
+    records = (parse_job_line(chunk.removeprefix("\n")) for chunk in done.stdout.split(end) if chunk.strip())
     return {record["JobId"]: record for record in records}
 
 
