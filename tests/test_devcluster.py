@@ -425,12 +425,18 @@ def test_a_prefix_sudo_would_run_unsafely_is_refused(prefix: str, refused: str, 
     assert not slurm_change.SUDOERS.exists()
 
 
-def test_a_change_of_slurm_removes_the_empty_cgroups_the_other_left() -> None:
-    """Real cgroups (of a node name no cluster uses): the empty ones go, deepest first; one with a process stays."""
+def _cgroups_to_make() -> Path:
+    """Where a test makes Slurm-like cgroups: the v1 memory controller, else the unified hierarchy."""
     controller = next((c for c in (slurm_change.CGROUP_ROOT / "memory", slurm_change.CGROUP_ROOT)
                        if (c / "cgroup.procs").exists()), None)
     if os.geteuid() != 0 or controller is None:
         pytest.skip("making cgroups needs root and a mounted cgroup filesystem")
+    return controller
+
+
+def test_a_change_of_slurm_removes_the_empty_cgroups_the_other_left() -> None:
+    """Real cgroups (of a node name no cluster uses): the empty ones go, deepest first; one with a process stays."""
+    controller = _cgroups_to_make()
     top = controller / "slurm_hpcaitest"
     (top / "uid_1001" / "job_7" / "step_batch").mkdir(parents=True)
     (top / "uid_1002" / "job_8").mkdir(parents=True)
@@ -451,10 +457,7 @@ def test_a_change_of_slurm_removes_the_empty_cgroups_the_other_left() -> None:
 def test_the_cgroups_are_claimed_by_one_slurm_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Node cgroups are the machine's, whatever the state folder: a cluster of the Slurm that made them keeps them, one
     of another Slurm removes them first, and is refused while a job of the other one still runs in them."""
-    controller = next((c for c in (slurm_change.CGROUP_ROOT / "memory", slurm_change.CGROUP_ROOT)
-                       if (c / "cgroup.procs").exists()), None)
-    if os.geteuid() != 0 or controller is None:
-        pytest.skip("making cgroups needs root and a mounted cgroup filesystem")
+    controller = _cgroups_to_make()
     monkeypatch.setattr(slurm_change, "CGROUP_LOCK", tmp_path / "claimed")
     job = controller / "slurm_hpcaitest" / "uid_1001" / "job_7"
     job.mkdir(parents=True)
