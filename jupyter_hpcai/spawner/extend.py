@@ -95,11 +95,12 @@ class JobExtension:
         partition, old = options.partition, parse_duration(info.get("TimeLimit", "")) or 0
         limits = (await self.current_limits()).get(partition)
         # the job's own QOS, read now: an accounting that does not answer refuses the extension (HPCAIError)
-        qos = (await asyncio.to_thread(scheduler.qos_limits, [info["QOS"]] if info.get("QOS") else [])).get(
-            info.get("QOS", ""))
+        name = info.get("QOS", "")
+        qos = (await asyncio.to_thread(scheduler.qos_limits, [name] if name else [])).get(name)
         wanted = new_limit(self.extend_max_walltime, partition, old, seconds, limits.max_walltime if limits else None,
                            qos)
-        within_budget(account, options.nodes * options.gpus_per_node, seconds_until(info.get("EndTime", "")) or 0, wanted - old)
+        remaining = seconds_until(info.get("EndTime", "")) or 0
+        within_budget(account, options.nodes * options.gpus_per_node, remaining, wanted - old)
         limit = format_duration(wanted)
         await self.run_command(scheduler.set_time_limit(self.job_id, limit))
         self.log.info("Extended job %s of %s by %s s to %s", self.job_id, self.user.name, seconds, limit)

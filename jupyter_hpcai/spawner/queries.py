@@ -118,7 +118,7 @@ class SharedQueries:
 
     def _read_associations(self, user: str, log: logging.Logger | None) -> Associations | None:
         try:
-            return scheduler.associations(user, site=self._site)
+            return self.fresh_associations(user)
         except HPCAIError as err:
             (log or logging.getLogger(__name__)).warning("%s's associations could not be read: %s", user, err)
             return None
