@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pwd
 import re
+import time
 from collections.abc import Mapping
 
 from ...errors import HPCAIError
@@ -114,10 +115,18 @@ def _kib(memory: str) -> float:
 END_FIELDS = "--format=JobID,State,ExitCode,ElapsedRaw,NodeList,ReqTRES,MaxRSS,User"
 
 
-def job_end(job_id: int | str, env: Mapping[str, str] | None = None) -> JobEnd | None:
-    """How job ``job_id`` ended: its state, and the step that ran out of memory, the peak memory, who cancelled it."""
-    rows = _parsable(["sacct", "-nP", "-j", str(job_id), END_FIELDS], env)
-    return _ended(str(job_id), rows or [])
+def job_end(job_id: int | str, env: Mapping[str, str] | None = None, settle: float = 5.0) -> JobEnd | None:
+    """How job ``job_id`` ended: its state, and the step that ran out of memory, the peak memory, who cancelled it.
+    A job that ends within a second of its start can be listed as ended before slurmdbd has its start record (no
+    requested TRES yet): that record is read again for up to ``settle`` seconds."""
+    deadline = time.monotonic() + settle
+    while True:
+        rows = _parsable(["sacct", "-nP", "-j", str(job_id), END_FIELDS], env) or []
+        end = _ended(str(job_id), rows)
+        recorded = any(r[0] == str(job_id) and len(r) >= 8 and r[5] for r in rows)
+        if end is None or recorded or time.monotonic() >= deadline:
+            return end
+        time.sleep(0.5)
 
 
 def recent_ends(user: str, days: int = 7, env: Mapping[str, str] | None = None) -> list[JobEnd]:
