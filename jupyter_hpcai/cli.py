@@ -210,7 +210,8 @@ def env() -> None:
 def env_build(recipe: Path, name: str | None, site: bool, locked: bool, lock_file: Path | None, rebuild: bool,
               on_partition: str | None, gpus: int | None, time_limit: str | None, account: str | None, here: bool,
               installer: str | None) -> None:
-    """Build RECIPE into a new version of its env; `current` moves only when verify passes."""
+    """Build RECIPE (a file, or a shipped recipe's name: tf-horovod-nccl) into a new version of its env; `current`
+    moves only when verify passes."""
     request = BuildRequest(recipe, name=name, site=site, locked=locked, lock_file=lock_file, rebuild=rebuild,
                            partition=on_partition, here=here, gpus=gpus, time_limit=time_limit, account=account,
                            installer=installer)

@@ -5,10 +5,13 @@ Nothing here points into the source checkout: run-time state lives outside it.
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
+from importlib import metadata
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import unquote
 
 from .errors import HPCAIError
 
@@ -75,6 +78,60 @@ def kernel_template() -> Path:
     package = Path(__file__).parent
     shipped = package / "kernels" / "kernel.json"
     return shipped if shipped.exists() else package.parent / "kernels" / "kernel.json"
+
+
+def recipes_dir() -> Path:
+    """The recipes the product ships: inside the wheel, or the checkout's recipes/ folder."""
+    package = Path(__file__).parent
+    shipped = package / "recipes"
+    return shipped if shipped.is_dir() else package.parent / "recipes"
+
+
+def product_requirement(recipe_dir: Path | None = None) -> str:
+    """The pip line that installs this product into an env (a recipe's ``${HPCAI_PRODUCT}``): ``HPCAI_PRODUCT``,
+    else the checkout whose recipes/ holds the recipe (``-e CHECKOUT``), else ``[envs] product`` in the site config
+    (a wheel's path, or a URL on the site's own index), else where this install came from (its PEP 610 record: the
+    checkout it is editable from, or the wheel file, while it is there). Never a bare name: pip would take whatever
+    a public index serves under it."""
+    if os.environ.get("HPCAI_PRODUCT"):
+        return os.environ["HPCAI_PRODUCT"]
+    if recipe_dir is not None and _is_checkout(recipe_dir.parent):
+        return f"-e {recipe_dir.parent}"
+    named = site_config().get("envs", {}).get("product")
+    if named:
+        return str(named)
+    origin = _install_origin()
+    if origin:
+        return origin
+    raise HPCAIError("a recipe installs ${HPCAI_PRODUCT}, and this install of jupyter-hpcai does not say where it "
+                     "came from (it was installed from an index, or its wheel has moved)",
+                     'set product = "/shared/software/dist/jupyter_hpcai-VERSION-py3-none-any.whl" (the wheel the '
+                     "hub was installed from, or its URL on your own index) under [envs] in the site config, or "
+                     "HPCAI_PRODUCT for one build")
+
+
+def _install_origin() -> str:
+    """``-e CHECKOUT`` or a wheel's path, from the install's direct_url.json; "" when it says neither."""
+    try:
+        record = json.loads(metadata.distribution("jupyter-hpcai").read_text("direct_url.json") or "{}")
+    except (metadata.PackageNotFoundError, ValueError):
+        return ""
+    url = str(record.get("url", ""))
+    if not url.startswith("file://"):
+        return ""
+    path = Path(unquote(url.removeprefix("file://")))
+    if record.get("dir_info", {}).get("editable") and _is_checkout(path):
+        return f"-e {path}"
+    return str(path) if path.suffix == ".whl" and path.is_file() else ""
+
+
+def _is_checkout(folder: Path) -> bool:
+    """A source tree of this product (its pyproject.toml names it)."""
+    try:
+        with open(folder / "pyproject.toml", "rb") as f:
+            return tomllib.load(f).get("project", {}).get("name") == "jupyter-hpcai"
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
 
 
 def private_dir(path: Path) -> Path:

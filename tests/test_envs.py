@@ -544,6 +544,59 @@ def test_nccl_recipe_parses_and_solves_against_stand_ins(tmp_path: Path) -> None
     assert solved == {n: v for n, (v, _) in NCCL_STAND_INS.items()}
 
 
+@pytest.mark.parametrize("bare", ["jupyter-hpcai", "Jupyter_HPCAI==0.1.0", "jupyter-hpcai[hub]>=0.1"])
+def test_a_recipe_asking_for_the_product_by_bare_name_is_refused(bare: str) -> None:
+    """Anyone may publish jupyter-hpcai on a public index: a bare name would put their code into every site env."""
+    with pytest.raises(HPCAIError) as err:
+        parse_recipe(f"name: x\npython: /usr/bin/python3\npip: [six, '{bare}']\n")
+    assert f"`{bare}` would install jupyter-hpcai from a public index" in str(err.value)
+    assert "write ${HPCAI_PRODUCT} instead" in str(err.value)
+    pinned = parse_recipe("name: x\npython: /usr/bin/python3\npip: ['jupyter-hpcai @ https://pypi.site.example/"
+                          "jupyter_hpcai-0.1.0-py3-none-any.whl']\n")  # the site's own index, by URL
+    assert pinned.pip_requirements() == ["jupyter-hpcai @ https://pypi.site.example/jupyter_hpcai-0.1.0-py3-none-any.whl"]
+
+
+def test_a_lock_with_the_product_by_bare_name_is_refused(small_env: EnvDir, small_recipe: Path,
+                                                         env_store: EnvStore) -> None:
+    current = small_env.current()
+    assert current is not None and current.lock() is not None
+    lock = current.lock().model_copy(update={"pip": [*current.lock().pip, "jupyter-hpcai==0.1.0"]})  # type: ignore[union-attr]
+    with pytest.raises(HPCAIError) as err:
+        Builder(load_recipe(small_recipe), store=env_store, locked=lock).run()
+    assert "the lock installs `jupyter-hpcai==0.1.0` from a public index" in str(err.value)
+    assert small_env.current() == current  # nothing lost
+
+
+def test_the_product_in_a_recipe_is_the_sites_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """${HPCAI_PRODUCT}: HPCAI_PRODUCT, else the checkout whose recipes/ holds the recipe, else the site config's
+    [envs] product, else where this install came from (here: the checkout, editable). The wheel case is the
+    site-install test's."""
+    from jupyter_hpcai import paths
+
+    text = "name: x\npython: /usr/bin/python3\npip: [six, '${HPCAI_PRODUCT}']\n"
+    monkeypatch.setenv("HPCAI_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.delenv("HPCAI_PRODUCT", raising=False)
+    assert load_recipe(REPO / "recipes" / "torch-cpu.yaml").pip_requirements()[-1] == f"-e {REPO}"
+    recipe = parse_recipe(text, base_dir=tmp_path)  # a recipe outside any checkout
+    assert recipe.pip_requirements() == ["six", f"-e {REPO}"]  # this install's origin
+    wheel = tmp_path / "jupyter_hpcai-0.1.0-py3-none-any.whl"
+    (tmp_path / "site.toml").write_text(f'[envs]\nproduct = "{wheel}"\n')
+    monkeypatch.setenv("HPCAI_CONFIG", str(tmp_path / "site.toml"))
+    assert recipe.pip_requirements() == ["six", str(wheel)]
+    monkeypatch.setenv("HPCAI_PRODUCT", "/elsewhere/jupyter_hpcai-0.2.0-py3-none-any.whl")
+    assert recipe.pip_requirements()[-1] == "/elsewhere/jupyter_hpcai-0.2.0-py3-none-any.whl"
+    assert paths.recipes_dir() == REPO / "recipes"
+
+
+def test_a_shipped_recipe_is_found_by_its_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`hpcai env build tf-horovod-nccl` reads the recipe the product ships; a name it does not ship lists those."""
+    monkeypatch.chdir(tmp_path)  # no file of that name here
+    assert load_recipe("tf-horovod-nccl").name == "tf-horovod-nccl"
+    done = subprocess.run([HPCAI, "env", "build", "tf-horovod-ncl"], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "the name of one shipped: tf-horovod-cpu, tf-horovod-nccl, torch-cpu, torch-cuda" in done.stdout + done.stderr
+
+
 def test_cpu_recipe_parses() -> None:
     recipe = load_recipe(REPO / "recipes" / "tf-horovod-cpu.yaml")
     isolated, later = recipe.pip_installs()

@@ -47,9 +47,9 @@ def site(devcluster) -> Iterator[Path]:  # type: ignore[no-untyped-def]
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _installed(site: Path, tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    """The wheel (built from this checkout, as a release would be) in a fresh venv with the hub extra; the
-    environment every later command runs with (no checkout on any path)."""
+def _installed(site: Path, tmp_path: Path) -> dict[str, str]:
+    """The wheel (built from this checkout, as a release would be) in a fresh venv with the hub extra, its recipes
+    in it; the environment every later command runs with (no checkout on any path)."""
     _run([UV, "build", "--wheel", "-o", str(tmp_path / "dist"), str(REPO)], dict(os.environ))
     wheel = next((tmp_path / "dist").glob("jupyter_hpcai-*.whl"))
     venv = site / "venv"
@@ -65,11 +65,11 @@ def _installed(site: Path, tmp_path: Path) -> tuple[Path, dict[str, str]]:
                      "in r.files('jupyter_hpcai.devcluster').joinpath('templates').iterdir()))"], env)
     assert "slurm.conf" in workshop, workshop  # the workshop ships in the wheel, loaded only by its own commands
     assert "--check" in _run([str(venv / "bin" / "hpcai"), "demo", "--help"], env)
-    recipe = (REPO / "recipes" / "tf-horovod-cpu.yaml").read_text()
-    recipe = re.sub(r"(?m)^  - -e \.\..*$", f"  - {wheel}", recipe).replace("name: tf-horovod-cpu", f"name: {ENV}")
-    (tmp_path / f"{ENV}.yaml").write_text(recipe)
-    (tmp_path / "dist").chmod(0o755)
-    return tmp_path / f"{ENV}.yaml", env
+    shipped = _run([str(venv / "bin" / "python"), "-c", "from jupyter_hpcai import paths; "
+                    "print(paths.recipes_dir(), paths.product_requirement())"], env).split()
+    assert shipped == [f"{venv}/lib/python3.11/site-packages/jupyter_hpcai/recipes", str(wheel)], shipped
+    (tmp_path / "dist").chmod(0o755)  # the site env installs the product from the wheel the site installed
+    return env
 
 
 def _site_init(site: Path, env: dict[str, str], port: int, login: str) -> Path:
@@ -128,10 +128,11 @@ def test_a_wheel_a_template_and_a_hub_are_enough(devcluster, tf_env, site: Path,
     ensure_user(USER)
     password = "site-" + secrets.token_hex(6)
     subprocess.run(["chpasswd"], input=f"{USER}:{password}\n", text=True, check=True, timeout=30)
-    recipe, env = _installed(site, tmp_path)
+    env = _installed(site, tmp_path)
     port = free_port()
     config = _site_init(site, env, port, devcluster.login_address)
-    _run([f"{site}/venv/bin/hpcai", "env", "build", str(recipe), "--site"], env, timeout=1800)
+    # the shipped recipe, by name: ${HPCAI_PRODUCT} is the wheel this venv was installed from
+    _run([f"{site}/venv/bin/hpcai", "env", "build", "tf-horovod-cpu", "--name", ENV, "--site"], env, timeout=1800)
     _run([f"{site}/venv/bin/hpcai", "kernel", "install", ENV, "--prefix", str(site / "venv")], env)
     url = f"http://hub.localhost:{port}"  # the hub's origin; the user's server is on hpcai-alice.hub.localhost
     with _hub(site, config, env, tmp_path / "hub.log"):

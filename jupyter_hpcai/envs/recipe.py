@@ -12,9 +12,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import HPCAIError
+from ..paths import product_requirement, recipes_dir
 from .store import NAME_PATTERN
 
 VAR_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+PRODUCT = "jupyter-hpcai"
+PRODUCT_VARIABLE = "${HPCAI_PRODUCT}"  # a pip entry: this product, from where the site installed it (paths.py)
 NoNewline = Annotated[str, Field(pattern=r"^[^\n\r\x00]*$", min_length=1)]
 
 
@@ -88,6 +91,11 @@ class Recipe(_Strict):
         options = [r for r in self.pip if r.startswith("-") and not r.startswith(("-r ", "-e "))]
         if options:
             raise ValueError(f"pip entries are requirements, `-r FILE` or `-e PATH`, not options: {', '.join(options)}")
+        bare = [r for r in self.pip if requirement_name(r) == PRODUCT and "@" not in r]
+        if bare:
+            raise ValueError(f"`{bare[0]}` would install jupyter-hpcai from a public index, where anyone may publish "
+                             "that name: write ${HPCAI_PRODUCT} instead (the wheel the hub was installed from, or "
+                             "[envs] product in the site config), or `jupyter-hpcai @ URL` on your own index")
         unknown = {requirement_name(n) for n in self.no_build_isolation} - {requirement_name(r) for r in self.pip}
         if unknown:
             raise ValueError(f"no_build_isolation names packages that `pip` does not list: {', '.join(sorted(unknown))}")
@@ -97,6 +105,7 @@ class Recipe(_Strict):
         """The pip layer as requirement-file lines, local paths resolved against the recipe's folder."""
         out = []
         for req in self.pip:
+            req = product_requirement(self.base_dir) if req == PRODUCT_VARIABLE else req
             option, _, path = req.partition(" ") if req.startswith(("-r ", "-e ")) else ("", "", req)
             if option or path.startswith(("./", "../", "/")) or path in (".", ".."):
                 path = str((self.base_dir / path.strip()).resolve())
@@ -132,6 +141,8 @@ class Recipe(_Strict):
                 for meta in ("pyproject.toml", "setup.cfg", "setup.py"):
                     if (path / meta).is_file():
                         h.update((path / meta).read_bytes())
+            elif path.is_absolute() and path.is_file():  # a wheel or an sdist
+                h.update(path.read_bytes())
             elif path.is_absolute() and path.is_dir():
                 for f in sorted(_source_files(path)):
                     h.update(str(f.relative_to(path)).encode())
@@ -186,11 +197,20 @@ def parse_recipe(text: str, *, source: str = "<recipe>", base_dir: Path = Path("
         raise HPCAIError(f"{source} is not a valid recipe: {err}", "keys must be strings") from None
 
 
-def load_recipe(path: str | Path) -> Recipe:
-    """Read a recipe file."""
+def recipe_file(path: str | Path) -> Path:
+    """A recipe file's path: ``path``, or the recipe the product ships under that name (``tf-horovod-nccl``)."""
     path = Path(path)
+    shipped = recipes_dir() / f"{path.name}.yaml"
+    return shipped if not path.exists() and path.name == str(path) and shipped.is_file() else path
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read a recipe file, or a shipped recipe by its name."""
+    path = recipe_file(path)
     try:
         text = path.read_text()
     except OSError as err:
-        raise HPCAIError(f"cannot read recipe {path}: {err.strerror}", "give the path of a recipe YAML file") from None
+        names = ", ".join(sorted(p.stem for p in recipes_dir().glob("*.yaml")))
+        raise HPCAIError(f"cannot read recipe {path}: {err.strerror}",
+                         f"give the path of a recipe YAML file, or the name of one shipped: {names}") from None
     return parse_recipe(text, source=str(path), base_dir=path.resolve().parent)

@@ -12,6 +12,7 @@ import sys
 
 from ..scheduler.jobscript import JobScript, Submitted
 from .build import BuildRequest
+from .recipe import recipe_file
 from .store import EnvStore
 
 
@@ -25,7 +26,7 @@ def submit(request: BuildRequest, store: EnvStore, partition: str) -> Submitted:
     logs = env.path / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     logs.chmod(0o700)
-    cmd = [sys.executable, "-m", "jupyter_hpcai.cli", "env", "build", str(request.recipe_path.absolute()), "--name",
+    cmd = [sys.executable, "-m", "jupyter_hpcai.cli", "env", "build", str(recipe_file(request.recipe_path).absolute()), "--name",
            env.name, *request.job_args()]
     return JobScript(name=f"hpcai-build-{env.name}", nodes=1, time=time_limit, partition=partition,
                      account=request.account or None, output=f"{logs}/job-%j.out",
