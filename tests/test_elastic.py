@@ -392,6 +392,23 @@ def test_horovod_over_mpi_is_the_launchs_world_and_refuses_to_change(devcluster,
         assert grow.status == "error" and "Horovod runs over MPI here" in grow.error, grow.error
 
 
+def test_the_elastic_pages_torch_example_runs_twice_in_a_row(devcluster, torch_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The how-to's torch example, as a user pastes it, run twice with --elastic: the second run wraps the plain
+    module again (never DDP inside DDP) and trains on from the first run's checkpoint."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "howto" / "elastic.md").read_text()
+    example = re.search(r"```python\n%%torchrun\n(.*?)```", page, re.S)
+    assert example, "the elastic page has no %%torchrun example"
+    cell = (f"%%torchrun --elastic 2\nimport os; os.environ['HPCAI_CHECKPOINT_DIR'] = {str(tmp_path)!r}\n"
+            + example.group(1))
+    with kernel_in_job(torch_env, tmp_path, ("-N1", "-w", "n1", "--ntasks-per-node=2", "--gpus-per-node=2")) as k:
+        assert k.run("%load_ext jupyter_hpcai").status == "ok" and k.run("%hpc start").status == "ok"
+        for reached in (200, 400):
+            done = k.run(cell, timeout=300)
+            assert done.status == "ok", done.error + done.stdout
+            said = k.run("%%torchrun\n(hpc.steps(), type(model.module).__name__)")
+            assert said.result == f"({reached}, 'Linear')", said.error + said.stdout
+
+
 def test_shrink_gives_the_notebook_jobs_other_node_back(devcluster, torch_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """In a 2-node job (the kernel on n1): n2's ranks stop and Slurm takes n2 out of the job; the world goes on on n1
     and a restart plans on the node the job still has."""
