@@ -100,16 +100,24 @@ def devcluster() -> None:
               help="Run slurmdbd on a MariaDB server of the cluster's own (ports PORT+100 and +101), enforcing "
                    "associations, limits and QOS: projects climate and genomics (genomics with a GPU-hour budget), "
                    "QOS normal (4 h) and debug (30 min, 2 GPUs per user).")
+@click.option("--login-only", multiple=True, metavar="FOLDER",
+              help="A folder of the login node's own, empty on the nodes (separate hosts only); repeat it "
+                   "[default: /usr/local and /opt].")
+@click.option("--shared", multiple=True, metavar="FOLDER",
+              help="A folder inside those that the nodes see all the same; repeat it [default: the site's env "
+                   "roots, and the local folders pip's configuration takes packages from].")
 @click.option("--slurm", "slurm", metavar="PREFIX", default=None,
               help="Run the Slurm installed in PREFIX (its sbin/ and bin/; scripts/build-slurm.sh builds 24.11 into "
                    "one) [default: $HPCAI_SLURM, else the system's]. `hpcai devcluster env` then puts its bin/ first "
                    "on PATH.")
 @state_dir_option
 def devcluster_up(nodes: int, gpus_per_node: int, port: int, single_host: bool, network: str, bridge: str,
-                  netns_prefix: str, first_job_id: int, accounting: bool, slurm: str | None,
-                  state_dir: Path | None) -> None:
+                  netns_prefix: str, first_job_id: int, accounting: bool, login_only: tuple[str, ...],
+                  shared: tuple[str, ...], slurm: str | None, state_dir: Path | None) -> None:
     """Start the dev cluster (harmless when it already runs) and wait until every node is idle."""
     kwargs: dict[str, Any] = {"state_dir": state_dir} if state_dir else {}
+    kwargs.update({"login_only": tuple(str(Path(f).absolute()) for f in login_only)} if login_only else {})
+    kwargs.update({"shared": tuple(str(Path(f).absolute()) for f in shared)} if shared else {})
     kwargs.update({"slurm": str(Path(slurm).absolute()) if slurm else ""} if slurm is not None else {})
     from .devcluster import DevCluster
 
@@ -405,10 +413,11 @@ def kernel() -> None:
 @click.argument("name")
 @click.option("--display-name", help="Name shown in JupyterLab's launcher.")
 @click.option("--user", is_flag=True, help="Install for the current user only [default for your own envs].")
-@click.option("--prefix", help="Install under this prefix (e.g. a hub's sys.prefix).")
+@click.option("--prefix", help="Install under this prefix [default for a site env: this hpcai's own, the hub's "
+                               "venv, where the servers on the nodes look].")
 def kernel_install(name: str, display_name: str | None, user: bool, prefix: str | None) -> None:
-    """Write a kernelspec that starts the env's kernel through the hpcai-env provisioner: for every user (a
-    system kernelspec) for a site env, for you alone for yours."""
+    """Write a kernelspec that starts the env's kernel through the hpcai-env provisioner: for every server of this
+    install (under its prefix) for a site env, for you alone for yours."""
     store = EnvStore()
     target = store.get(name)
     for note in _shadowing(target.env_dir, store.shadowed(target.env_dir)):
@@ -621,18 +630,21 @@ def site_init(hub_config: Path, site_config: Path, bind_url: str, public_url: st
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
               help="The hub's config (jupyterhub_config.py).")
 @click.option("--user", required=True, help="A user of the cluster to run the checks as (their jobs, their rights).")
+@click.option("--partition", help="Where the small job runs (a debug partition starts it at once on a busy "
+                                  "cluster) [default: the first profile's with GPUs].")
 @json_option
-def site_check(config_file: Path, user: str, as_json: bool) -> None:
+def site_check(config_file: Path, user: str, partition: str | None, as_json: bool) -> None:
     """Check the hub host: the hub's config, the Slurm client and munge, the commands the hub runs as USER, the
     proxy, the env roots, the GPU partitions' sharing, and one small job as USER (a node reaches the hub's API,
-    ptrace scope, GPUs). Exits 1 when a check fails; a warning (a feature weakened) does not.
+    runs Spawner.cmd, offers this host's kernels and runs a cell in one; ptrace scope, GPUs). Exits 1 when a check
+    fails; a warning (a feature weakened) does not.
 
     With --json: a list with one object per check, keys name, passed, detail, fix and severity (what a check that
     did not pass means: "fail" or "warn").
     """
     from . import sitecheck
 
-    checks = sitecheck.run(config_file.absolute(), user)
+    checks = sitecheck.run(config_file.absolute(), user, partition)
     said = {"fail": "[red]FAIL[/]", "warn": "[yellow]WARN[/]"}
     lines = [f"[green]PASS[/] {esc(c.name)}: {esc(c.detail)}" if c.passed else
              f"{said[c.severity]} {esc(c.name)}: {esc(c.detail)}\n     [yellow]fix:[/] {esc(c.fix)}" for c in checks]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -39,14 +40,16 @@ def render(env: Env, display_name: str | None = None) -> dict[str, Any]:
 
 
 def install(env: Env, *, display_name: str | None = None, user: bool | None = None, prefix: str | None = None) -> Path:
-    """Install the kernelspec where Jupyter finds it; returns its folder. By default a site env's kernelspec is a
-    system one (every user sees it) and a user env's is the user's own."""
+    """Install the kernelspec where Jupyter finds it; returns its folder. By default a user env's kernelspec is the
+    user's own, and a site env's goes under this install's prefix (the hub's venv, on storage the nodes share): the
+    servers Spawner.cmd starts there look in it, while the system path (/usr/local/share/jupyter) is the host's own."""
     from jupyter_client.kernelspec import KernelSpecManager
 
     if not env.has_package("ipykernel"):
         raise HPCAIError(f"env '{env.name}' has no ipykernel, so it cannot run a kernel",
                          "add `ipykernel` to the recipe's pip list (or to the container image) and rebuild")
     user = (env.env_dir.scope == "user" and prefix is None) if user is None else user
+    prefix = sys.prefix if prefix is None and not user else prefix
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp).chmod(0o755)  # copied as is: a system-wide kernelspec must be readable by every user
         (Path(tmp) / "kernel.json").write_text(json.dumps(render(env, display_name), indent=2) + "\n")

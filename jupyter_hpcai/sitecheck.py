@@ -1,8 +1,9 @@
-"""``hpcai site check``: the admin's doctor, run on the hub host with the hub's config. Each check passes or fails
-with what to do: the hub's config (batchspawner's settings; one origin per user), the Slurm client and munge, the commands the hub
-runs as a user (exec_prefix), the proxy, the site's env roots as a user reads them, and one small job as that user
-on a GPU partition: that a node reaches the hub's API address, Yama's ptrace scope there (``%hpc stacks``), and
-that Slurm hands out GPUs (gres.conf with ``File=``)."""
+"""``hpcai site check``: the admin's doctor, run on the hub host with the hub's config. Each check passes, fails
+(the product will not work) or warns (a feature is weakened), with what to do: the hub's config (batchspawner's
+settings; one origin per user), the Slurm client and munge, the commands the hub runs as a user (exec_prefix), the
+proxy, the site's env roots as a user reads them, and one small job as that user on a GPU partition (or the one
+named): that a node reaches the hub's API address, runs Spawner.cmd, offers the kernels this host has and runs a
+cell in one, Yama's ptrace scope there (``%hpc stacks``), and that Slurm hands out GPUs (gres.conf with ``File=``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from jupyter_client.kernelspec import KernelSpecManager
+
 from . import paths, proc
+from .envs import EnvStore
+from .envs.recipe import PRODUCT, requirement_name
 from .errors import HPCAIError
 from .scheduler import chosen
 from .siteinit import local_name
@@ -26,6 +31,7 @@ scheduler = chosen()
 environment = chosen().environment
 
 CONNECT_TIMEOUT = 5  # seconds for a node to reach the hub's API address
+JOB_WAIT = 300  # seconds for the small job, its wait in the queue included
 # The small job's report, one "key=value" line each: the hub's address as the node reaches it ("connected": the hub
 # listens; "refused": the host answers, the hub is not running now; else why not), ptrace_scope, the GPUs it got.
 PROBE = """timeout {timeout} bash -c '</dev/tcp/{ip}/{port}' 2>/tmp/hpcai-probe-$$ && echo hub=connected || \
@@ -33,6 +39,27 @@ PROBE = """timeout {timeout} bash -c '</dev/tcp/{ip}/{port}' 2>/tmp/hpcai-probe-
 rm -f /tmp/hpcai-probe-$$
 echo "ptrace_scope=$(cat /proc/sys/kernel/yama/ptrace_scope 2>/dev/null || echo none)"
 echo "gpus=${{CUDA_VISIBLE_DEVICES:-none}}"
+{cmd} --version >/dev/null 2>/tmp/hpcai-probe-cmd-$$ && echo cmd=ok || echo "cmd=$(head -c 300 /tmp/hpcai-probe-cmd-$$ | tr -d '\n')"
+rm -f /tmp/hpcai-probe-cmd-$$
+{python} -c {kernels} 2>&1 | tail -n 3
+"""
+# Run on the node by the python beside Spawner.cmd (the servers' own): the kernels a server there offers, and the
+# first of this product's started as a notebook starts it (its provisioner, the env activated), one cell run.
+KERNELS = """
+from jupyter_client.kernelspec import KernelSpecManager
+specs = sorted(KernelSpecManager().find_kernel_specs())
+print("kernels=" + ",".join(specs))
+ours = [k for k in specs if k.startswith("hpcai-")]
+if ours:
+    from jupyter_client.manager import start_new_kernel
+    try:
+        km, kc = start_new_kernel(kernel_name=ours[0], startup_timeout=120)
+        reply = kc.execute_interactive("import jupyter_hpcai", timeout=60)
+        said = reply["content"]["status"] + " " + reply["content"].get("evalue", "")
+        km.shutdown_kernel(now=True)
+    except Exception as err:
+        said = f"{type(err).__name__}: {err}"
+    print(f"kernel={ours[0]} " + " ".join(said.split())[:300])
 """
 
 
@@ -48,12 +75,13 @@ class Check:
     severity: str = "fail"
 
 
-def run(config_file: Path, user: str) -> list[Check]:
-    """Every check, in order; a check that cannot run fails with its reason."""
-    return list(_checks(config_file, user))
+def run(config_file: Path, user: str, partition: str | None = None) -> list[Check]:
+    """Every check, in order; a check that cannot run fails with its reason. The small job runs on ``partition``
+    where given."""
+    return list(_checks(config_file, user, partition))
 
 
-def _checks(config_file: Path, user: str) -> Iterator[Check]:
+def _checks(config_file: Path, user: str, partition: str | None) -> Iterator[Check]:
     try:  # the hub's config, loaded once: the spawner it makes for the user carries it whole
         spawner = offline_spawner(config_file, user)
         config = spawner.config
@@ -79,7 +107,24 @@ def _checks(config_file: Path, user: str) -> Iterator[Check]:
                      lambda root=root: proc.run([*as_user, "test", "-r", str(root), "-a", "-x", str(root)],
                                                 timeout=30, check=False).returncode == 0,
                      bool, f"chmod o+rx {root} and every folder above it (servers and ranks run as the users)")
-    yield from _job_checks(config, spawner, as_user)
+    yield _products_from_the_site()
+    yield from _job_checks(config, spawner, as_user, partition)
+
+
+def _products_from_the_site() -> Check:
+    """Each site env's jupyter-hpcai, as its lock says it was installed: from the site's wheel, a URL or a checkout,
+    never by bare name from a package index (where anyone may publish that name)."""
+    bare = {}
+    for env_dir in EnvStore().list("site"):
+        build = env_dir.current()
+        lock = build.lock() if build else None
+        lines = [ln for ln in (lock.pip if lock else []) if requirement_name(ln) == PRODUCT and "@" not in ln]
+        bare.update({env_dir.name: lines[0]} if lines else {})
+    return Check("site envs install jupyter-hpcai from the site's own copy", not bare,
+                 "; ".join(f"{name}: {line}, from a package index" for name, line in sorted(bare.items())) or
+                 "none from a package index",
+                 "rebuild each from a recipe that names ${HPCAI_PRODUCT} (the shipped ones do): "
+                 "hpcai env build RECIPE --site --rebuild, with [envs] product in the site config")
 
 
 def _probe(name: str, probe: Callable[[], Any], good: Callable[[Any], bool], fix: str) -> Check:
@@ -135,23 +180,50 @@ def _shared_nodes(spawner: Any) -> Iterator[Check]:
                     "its own notebook jobs apart, not the partition's other jobs)", "warn")
 
 
-def _job_checks(config: Any, spawner: Any, as_user: list[str]) -> Iterator[Check]:
-    """One small job, as the user, on the first profile with GPUs (else the first profile)."""
+def _node_runs_the_servers(seen: dict[str, str], cmd: str) -> Iterator[Check]:
+    """What the job saw of the servers' own software: Spawner.cmd, and the kernels a server there offers against
+    the product's kernels this host has (a kernelspec in a folder of this host's own reaches no server)."""
+    yield Check(f"a node runs Spawner.cmd ({cmd})", seen.get("cmd") == "ok",
+                "it runs" if seen.get("cmd") == "ok" else f"not there: {seen.get('cmd') or 'no answer'}",
+                "install the hub's venv on storage every node sees at the same path (or the same venv at that path "
+                "on each node), and set Spawner.cmd to its jupyterhub-singleuser")
+    here = {k: folder for k, folder in KernelSpecManager().find_kernel_specs().items() if k.startswith("hpcai-")}
+    missing = sorted(set(here) - set(seen.get("kernels", "").split(",")))
+    folders = sorted({str(Path(here[k]).parent) for k in missing})
+    detail = (f"{len(here)} of this host's hpcai kernels, all there" if not missing else
+              f"missing on the node: {', '.join(missing)} (this host has them in {', '.join(folders)})")
+    detail += "" if "kernels" in seen else "; the servers' python beside Spawner.cmd did not run there"
+    yield Check("the nodes' servers offer the site's kernels", not missing and "kernels" in seen, detail,
+                "install each site env's kernel beside the hub's venv, where the servers look: "
+                "hpcai kernel install NAME (its default for a site env), run from that venv")
+    kernel, _, said = seen.get("kernel", "").partition(" ")
+    if kernel:
+        yield Check(f"a site env's kernel ({kernel}) runs a cell on a node", said.startswith("ok"), said,
+                    f"hpcai env check {kernel.removeprefix('hpcai-')} as that user on a node says why")
+
+
+def _job_checks(config: Any, spawner: Any, as_user: list[str], partition: str | None) -> Iterator[Check]:
+    """One small job, as the user, on ``partition``, else the first profile's with GPUs (else the first's)."""
     hub = config.JupyterHub
     ip, port = hub.get("hub_connect_ip") or hub.get("hub_ip") or "127.0.0.1", int(hub.get("hub_port", 8081))
     profiles = list(spawner.profiles) or [{}]
     profile = next((p for p in profiles if p.get("gpus_per_node")), profiles[0])
-    fields = {"name": "hpcai-site-check", "nodes": 1, "time": "00:02:00", "partition": profile.get("partition"),
+    fields = {"name": "hpcai-site-check", "nodes": 1, "time": "00:03:00", "partition": partition or profile.get("partition"),
               "account": profile.get("account"), "gpus_per_node": 1 if profile.get("gpus_per_node") else None}
-    probe = PROBE.format(timeout=CONNECT_TIMEOUT, ip=ip, port=port)
+    cmd = spawner.cmd[0] if spawner.cmd else "jupyterhub-singleuser"
+    probe = PROBE.format(timeout=CONNECT_TIMEOUT, ip=ip, port=port, cmd=shlex.quote(cmd),
+                         python=shlex.quote(str(Path(cmd).with_name("python"))), kernels=shlex.quote(KERNELS))
+    where = fields["partition"] or "the default partition"
     try:
         job = scheduler.job_of_its_own({key: value for key, value in fields.items() if value})
-        done = proc.run([*as_user, *job, "bash", "-c", probe], timeout=180, env=command_env())
+        done = proc.run([*as_user, *job, "bash", "-c", probe], timeout=JOB_WAIT, env=command_env())
     except HPCAIError as err:
         yield Check("a small job on a node", False, err.message,
-                    f"check that {spawner.user.name} can run jobs on {profile.get('partition', 'the default partition')}")
+                    f"check that {spawner.user.name} can run jobs on {where}; where its nodes are busy, run the "
+                    "check where jobs start at once: hpcai site check ... --partition debug")
         return
     seen = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    yield from _node_runs_the_servers(seen, cmd)
     reached = seen.get("hub") in ("connected", "refused")
     yield Check(f"a node reaches the hub's API at {ip}:{port}", reached,
                 {"connected": "the hub answers", "refused": "the host answers (the hub is not running now)"}.get(

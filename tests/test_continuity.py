@@ -106,11 +106,12 @@ def shown_json(stdout: str) -> Any:
 
 
 @pytest.fixture
-def tf_kernelspec(tf_env):  # type: ignore[no-untyped-def]
-    """The tf env's kernelspec where every user's server finds it (a site env's, as `hpcai env build` installs it)."""
-    folder = kernelspec.install(open_env(tf_env))
-    yield kernelspec.kernel_name(open_env(tf_env))
-    shutil.rmtree(folder, ignore_errors=True)
+def tf_kernelspec(tf_env) -> str:  # type: ignore[no-untyped-def]
+    """The tf env's kernelspec where every user's server on the nodes finds it: a site env's, as `hpcai kernel
+    install` writes it, under the servers' own prefix (kept: `hpcai demo` and the other process's tests use the
+    same one)."""
+    kernelspec.install(open_env(tf_env))
+    return kernelspec.kernel_name(open_env(tf_env))
 
 
 def _job_of_user() -> str:

@@ -1,19 +1,25 @@
-"""`hpcai site check` on the dev cluster: everything passes as set up; four faults an admin meets (the nodes cannot
-reach hub_connect_ip, an env root users cannot read, no proxy, every user's server on the hub's own origin) fail, each
-with what to do, and nothing else does."""
+"""`hpcai site check` on the dev cluster: everything passes as set up; seven faults an admin meets fail, each with
+what to do, and nothing else does: the nodes cannot reach hub_connect_ip, an env root users cannot read, no proxy,
+every user's server on the hub's own origin; Spawner.cmd in a folder of the login node's own, a kernelspec there too,
+a site env whose jupyter-hpcai came from a package index. The dev cluster's nodes see /usr/local empty, as a site's
+nodes do not have its login node's local software."""
 
 from __future__ import annotations
 
 import ipaddress
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from helpers.hub import USER, ensure_user
+from jupyter_hpcai import kernelspec
+from jupyter_hpcai.envs import Builder, EnvStore, load_recipe, open_env
 
 pytestmark = pytest.mark.slurm
 DEMO = Path(__file__).resolve().parents[1] / "spawner_config" / "demo_config.py"
@@ -21,8 +27,9 @@ HPCAI = str(Path(sys.executable).parent / "hpcai")
 
 
 def _check(config: Path, environ: dict[str, str]) -> tuple[int, dict[str, dict[str, object]]]:
+    mine = {k: v for k, v in os.environ.items() if k != "JUPYTER_PATH"}  # other tests' kernels, not the site's
     done = subprocess.run([HPCAI, "site", "check", "--config", str(config), "--user", USER, "--json"],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, **environ})
+                          capture_output=True, text=True, timeout=600, env={**mine, **environ})
     return done.returncode, {c["name"]: c for c in json.loads(done.stdout)}
 
 
@@ -53,3 +60,54 @@ def test_site_check_finds_four_faults(devcluster, tf_env, tmp_path: Path) -> Non
     assert "hub_connect_ip" in str(failed[reach]["fix"])
     assert f"chmod o+rx {private}" in str(failed[f"env root {private} readable by {USER}"]["fix"])
     assert "ConfigurableHTTPProxy.command" in str(failed["configurable-http-proxy"]["fix"])
+
+
+def test_site_check_finds_what_the_nodes_lack(devcluster, tf_env, small_recipe: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The servers' software where only the login node has it, and a site env's jupyter-hpcai from an index."""
+    ensure_user(USER)
+    login_only = Path(tempfile.mkdtemp(prefix="hpcai-check-", dir="/usr/local"))  # the nodes see /usr/local empty
+    root = Path(tempfile.mkdtemp(prefix="hpcai-check-envs-", dir="/var/tmp"))  # a site root every user reads
+    root.chmod(0o755)
+    try:
+        small_env = Builder(load_recipe(small_recipe), store=EnvStore(root)).run().env_dir
+        (login_only / "bin").mkdir()
+        for name in ("jupyterhub-singleuser", "python"):
+            (login_only / "bin" / name).symlink_to(Path(sys.prefix) / "bin" / name)
+        spec = Path("/usr/local/share/jupyter/kernels") / f"hpcai-{login_only.name}"  # the system path: the host's
+        spec.mkdir(parents=True)
+        shutil.copy(Path(kernelspec.install(open_env(tf_env))) / "kernel.json", spec / "kernel.json")
+        # a site env built by an earlier version from a recipe that named the product bare: its lock says so
+        lock = small_env.current().meta / "lock.json"
+        written = json.loads(lock.read_text())
+        lock.write_text(json.dumps({**written, "pip": [*written["pip"], "jupyter-hpcai==0.1.0"]}))
+        site = {"HPCAI_ENV_PATH": str(root)}
+        code, checks = _check(DEMO, site)
+        failed = {name: c for name, c in checks.items() if not c["passed"] and c["severity"] == "fail"}
+        assert code == 1 and sorted(failed) == ["site envs install jupyter-hpcai from the site's own copy",
+                                                "the nodes' servers offer the site's kernels"], checks
+        kernels = failed["the nodes' servers offer the site's kernels"]
+        assert kernels["detail"] == (f"missing on the node: {spec.name} (this host has them in "
+                                     "/usr/local/share/jupyter/kernels)"), kernels
+        assert "hpcai kernel install NAME" in str(kernels["fix"])
+        bare = failed["site envs install jupyter-hpcai from the site's own copy"]
+        assert bare["detail"] == f"{small_env.name}: jupyter-hpcai==0.1.0, from a package index", bare
+        assert "${HPCAI_PRODUCT}" in str(bare["fix"])
+        ran = next(c for name, c in checks.items() if name.startswith("a site env's kernel"))
+        assert ran["passed"] and ran["detail"].startswith("ok"), ran  # the tf env's kernel, started on a node
+        lock.write_text(json.dumps(written))
+        shutil.rmtree(spec)
+        moved = tmp_path / "jupyterhub_config.py"
+        last = "jupyter_hpcai.spawner.compat.check(c)"
+        moved.write_text(DEMO.read_text().replace(last, f"c.Spawner.cmd = ['{login_only}/bin/jupyterhub-singleuser']\n"
+                                                  + last))
+        code, checks = _check(moved, site)
+        failed = {name: c for name, c in checks.items() if not c["passed"] and c["severity"] == "fail"}
+        cmd = f"a node runs Spawner.cmd ({login_only}/bin/jupyterhub-singleuser)"
+        assert code == 1 and sorted(failed) == [cmd, "the nodes' servers offer the site's kernels"], checks
+        assert "No such file or directory" in str(failed[cmd]["detail"]), failed[cmd]
+        assert "storage every node sees at the same path" in str(failed[cmd]["fix"])
+        assert "did not run there" in str(failed["the nodes' servers offer the site's kernels"]["detail"])
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(login_only, ignore_errors=True)
+        shutil.rmtree(Path("/usr/local/share/jupyter/kernels") / f"hpcai-{login_only.name}", ignore_errors=True)

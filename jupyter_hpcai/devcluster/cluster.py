@@ -1,8 +1,9 @@
 """Start and stop munge, slurmctld and one slurmd per node, all on this machine.
 
-Each node is its own network host (network.py): its slurmd, and so every job step on it, runs in the
-node's namespace with the node's address and hostname; slurmctld (and the hub) stay on the host, the
-login node. The nodes' processes share a cpu cgroup (cpu.py), so that they take no more of the login
+Each node is its own network host (namespaces.py): its slurmd, and so every job step on it, runs in the
+node's namespace with the node's address and hostname, and sees the login node's own folders (/usr/local, /opt)
+empty but for what a site would share (the env roots, the wheelhouses); slurmctld (and the hub) stay on the host,
+the login node. The nodes' processes share a cpu cgroup (cpu.py), so that they take no more of the login
 node's CPU than one busy session of it, as if they ran on machines of their own. Every file (config,
 spool, state, pid files, logs, fake GPU devices) lives under one state directory, shared by all; every
 daemon is stopped by the PID in its pid file.
@@ -10,12 +11,14 @@ daemon is stopped by the PID in its pid file.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
 import shutil
 import socket
 import stat
+import sys
 from dataclasses import asdict, dataclass, field, fields
 from importlib.resources import files
 from pathlib import Path
@@ -26,6 +29,7 @@ from ..errors import HPCAIError
 from ..network import LOOPBACK
 from ..proc import run, start_daemon, wait_until
 from ..scheduler import chosen
+from ..envs.pip import pip_settings
 from ..scheduler.interface import Node
 from .accounting import Accounting
 from .cpu import NodeCPU
@@ -80,6 +84,19 @@ class ClusterStatus:
 
 
 SEPARATE, SHARED = "separate hosts", "one shared address"  # the two network modes
+# A site's login node has software of its own that its compute nodes lack: the nodes see these folders empty.
+LOGIN_ONLY = ("/usr/local", "/opt")
+
+
+@functools.cache
+def shared_by_default() -> tuple[str, ...]:
+    """What a site keeps on shared storage inside the login node's own folders: the site's env roots, and the
+    local folders pip's configuration takes packages from (a wheelhouse, a file:// index)."""
+    settings = pip_settings(Path(sys.executable), os.environ)
+    wheelhouses = [p.removeprefix("file://") for option in ("find-links", "index-url", "extra-index-url")
+                   for p in settings.get(option, "").split() if p.startswith(("/", "file:///"))]
+    folders = [Path(w).parent if Path(w).name == "simple" else Path(w) for w in wheelhouses]  # an index's files too
+    return tuple(sorted({*(str(r) for r in paths.site_env_roots()), *(str(f) for f in folders)}))
 
 
 @dataclass
@@ -107,6 +124,8 @@ class DevCluster:
     first_job_id: int = 1
     accounting: bool = True
     slurm: str = field(default_factory=paths.slurm_prefix)  # the Slurm it runs: an install prefix, "" the system's
+    login_only: tuple[str, ...] = LOGIN_ONLY  # the login node's own folders, empty on the nodes (separate hosts)
+    shared: tuple[str, ...] = ()  # folders inside those that the nodes see [default: env roots, pip's wheelhouses]
     mode: str = field(default="", compare=False)
     note: str = field(default="", compare=False)
     cpu_note: str = field(default="", compare=False)
@@ -140,7 +159,8 @@ class DevCluster:
 
     @property
     def net(self) -> Network:
-        return Network(self.state_dir, tuple(self.node_names), self.network, self.bridge, self.netns_prefix)
+        return Network(self.state_dir, tuple(self.node_names), self.network, self.bridge, self.netns_prefix,
+                       tuple(self.login_only), tuple(self.shared) or shared_by_default())
 
     @property
     def cpu(self) -> NodeCPU:

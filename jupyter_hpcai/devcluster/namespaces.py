@@ -17,6 +17,7 @@ import ipaddress
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field
@@ -28,6 +29,23 @@ from ..proc import kill_all, run, wait_until
 HOSTS_FILE = Path("/etc/hosts")
 NODE_IFACE = "hpc0"  # the interface name inside every node namespace (one name on all nodes, as on a site)
 _IP_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+
+
+def node_disk(login_only: tuple[str, ...], shared: tuple[str, ...]) -> list[str]:
+    """Shell commands, run in a node's own mount namespace (private: nothing reaches the host's), that cover each
+    of ``login_only`` with an empty tmpfs and mount the ``shared`` folders inside it back where they were. A shared
+    folder is held at /mnt meanwhile (a tmpfs of the namespace's own)."""
+    steps = ["mount -t tmpfs -o size=1m hpcai-held /mnt"] if login_only else []
+    held = 0
+    for folder in login_only:
+        keep = [s for s in shared if s.startswith(folder.rstrip("/") + "/") and os.path.isdir(s)]
+        for offset, path in enumerate(keep):
+            steps += [f"mkdir /mnt/{held + offset}", f"mount --rbind {shlex.quote(path)} /mnt/{held + offset}"]
+        steps.append(f"mount -t tmpfs -o mode=755,size=1m hpcai-login-only {shlex.quote(folder)}")
+        for path in keep:
+            steps += [f"mkdir -p {shlex.quote(path)}", f"mount --move /mnt/{held} {shlex.quote(path)}"]
+            held += 1
+    return [*steps, "umount /mnt"] if login_only else []
 
 
 @dataclass
@@ -49,6 +67,8 @@ class Network:
     block: str = "10.213.0.0/24"
     bridge: str = "hpcai0"
     prefix: str = "hpcai-"
+    login_only: tuple[str, ...] = ()  # folders local to the login node: empty on the nodes
+    shared: tuple[str, ...] = ()  # folders inside those that the nodes see all the same (shared storage)
 
     def __post_init__(self) -> None:
         try:
@@ -97,11 +117,12 @@ class Network:
         return f"hpcai-devcluster {self.state_dir}"
 
     def exec_prefix(self, node: str) -> list[str]:
-        """The argv prefix that runs a program as host ``node``: in its network namespace, with its hostname.
-        Only the network and the hostname change (nsenter, not `ip netns exec`, which remounts /sys: slurmd then
-        finds no cgroup filesystem)."""
-        return ["nsenter", f"--net=/run/netns/{self.namespace(node)}", "unshare", "--uts", "sh", "-c",
-                'hostname "$0" && exec "$@"', node]
+        """The argv prefix that runs a program as host ``node``: in its network namespace, with its hostname, and
+        in a mount namespace of its own where the login node's own folders (``login_only``) are empty but for the
+        ``shared`` ones inside them. /sys stays as it is (nsenter and unshare, not `ip netns exec`, which remounts
+        it: slurmd then finds no cgroup filesystem)."""
+        return ["nsenter", f"--net=/run/netns/{self.namespace(node)}", "unshare", "--uts", "--mount", "sh", "-c",
+                " && ".join(['hostname "$0"', *node_disk(self.login_only, self.shared), 'exec "$@"']), node]
 
     # -- lifecycle ------------------------------------------------------------------------
     def up(self) -> str:
