@@ -58,6 +58,21 @@ def test_start_pins_one_gpu_per_rank(world: JobKernel) -> None:
 
 
 @pytest.mark.oldest_slurm
+def test_ranks_get_the_cpus_and_memory_the_job_asked_per_gpu(devcluster, tf_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A profile's cpus_per_gpu and mem_per_gpu as the job's header writes them (--cpus-per-task, --mem-per-gpu):
+    the ranks' step starts within them and each rank has its CPUs (what Slurm gives the step's tasks)."""
+    asked = ("-N1", "-w", "n1", "--ntasks-per-node=2", "--gpus-per-node=2", "--cpus-per-task=2", "--mem-per-gpu=1G")
+    with kernel_in_job(tf_env, tmp_path, asked) as kernel:
+        assert kernel.run("%load_ext jupyter_hpcai").status == "ok"
+        started = kernel.run("%hpc start")
+        assert started.status == "ok", started.error + started.stdout
+        said = kernel.run("%%horovod_run\nimport os\nprint('cpus', os.environ['SLURM_CPUS_PER_TASK'], "
+                          "os.environ.get('SLURM_MEM_PER_GPU'))")
+        assert said.status == "ok", said.error
+        assert sorted(re.findall(r"\[rank (\d) n1\] cpus 2 1024", said.stdout)) == ["0", "1"], said.stdout
+
+
+@pytest.mark.oldest_slurm
 def test_allreduce_on_four_ranks(world: JobKernel) -> None:
     cell = world.run("%%horovod_run\nimport tensorflow as tf\n"
                      "total = hvd.allreduce(tf.constant(float(rank + 1)), op=hvd.Sum)\n"

@@ -149,6 +149,29 @@ def test_multi_node_jobs_ask_for_nodes_of_their_users_alone() -> None:
     assert asked(2, extra_sbatch=["--exclusive"]) == ["#SBATCH --exclusive"]
 
 
+def test_a_profile_gives_each_rank_its_cpus_and_memory() -> None:
+    """cpus_per_gpu and mem_per_gpu: one rank per GPU, so --cpus-per-task and --mem-per-gpu, asked for only when the
+    job has GPUs; memory asked for two ways (the site's --mem beside a profile's mem_per_gpu) is refused before
+    sbatch would refuse it."""
+    from jupyter_hpcai.errors import HPCAIError
+    from jupyter_hpcai.spawner import script
+    from jupyter_hpcai.spawner.options import SpawnOptions
+
+    def asked(gpus: int, site: tuple[str, ...] = ()) -> list[str]:
+        options = SpawnOptions(profile="p", partition="gpu", nodes=1, gpus_per_node=gpus, walltime="01:00:00")
+        text = script.render(options, Profile(name="p", partition="gpu", cpus_per_gpu=4, mem_per_gpu="16G"),
+                             user="alice", homedir="/home/alice", keepvars="PATH", cmd=["jupyterhub-singleuser"],
+                             site_options=site)
+        return [line for line in text.splitlines() if line.startswith(("#SBATCH --cpus", "#SBATCH --mem"))]
+
+    assert asked(2) == ["#SBATCH --cpus-per-task=4", "#SBATCH --mem-per-gpu=16G"]
+    assert asked(0) == []  # no GPUs: the site's defaults
+    with pytest.raises(HPCAIError, match="asks for memory two ways"):
+        asked(2, ("--mem=64G",))
+    with pytest.raises(ValueError, match="mem_per_gpu"):
+        Profile(name="p", partition="gpu", mem_per_gpu="16 GB")
+
+
 def test_preview_prints_the_quoted_script(devcluster) -> None:  # type: ignore[no-untyped-def]
     ensure_user(USER)  # a user of the site's accounting: the preview checks the options against their associations
     out = subprocess.run(["hpcai", "spawner", "preview", "--config", "spawner_config/demo_config.py",

@@ -68,6 +68,8 @@ class JobScript:
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
+    cpus_per_task: int | None = None  # CPUs of each rank (a task); the ranks' own steps ask for as many
+    memory_per_gpu: str | None = None  # e.g. "64G": the memory of each GPU's rank
     output: str | None = None  # a path, "%j" standing for the job's id (the scheduler's default where None)
     extra: tuple[str, ...] = ()  # more options, in the scheduler's words (the site's, a profile's)
     body: str = ""
@@ -76,7 +78,8 @@ class JobScript:
         """The scheduler's options for this job, every value checked."""
         fields = {"name": self.name, "output": self.output, "nodes": self.nodes,
                   "tasks_per_node": self.tasks_per_node, "gpus_per_node": self.gpus_per_node or None,
-                  "time": self.time, "partition": self.partition, "account": self.account, "qos": self.qos}
+                  "time": self.time, "partition": self.partition, "account": self.account, "qos": self.qos,
+                  "cpus_per_task": self.cpus_per_task, "memory_per_gpu": self.memory_per_gpu}
         given = {key: header_value(value) for key, value in fields.items() if value not in (None, "")}
         return chosen().job_options(given, [header_value(option) for option in self.extra])
 

@@ -47,6 +47,10 @@ class Profile(BaseModel):
     # no key, and another user's job on a node of the world can reach it. None (the default): on for a job of more
     # than one node; a one-node job shares its node as the site allows (hpcai site check warns where it does).
     exclusive_user: bool | None = None
+    # Each rank's CPUs and memory, one rank per GPU (sbatch --cpus-per-task and --mem-per-gpu, asked for only when
+    # the job has GPUs); None: the site's defaults (DefCpuPerGPU, DefMemPerGPU...).
+    cpus_per_gpu: int | None = Field(default=None, ge=1, le=1024)
+    mem_per_gpu: Annotated[str, Field(pattern=r"^[1-9][0-9]*[KMGT]?$")] | None = None
 
     def exclusive(self, nodes: int) -> bool:
         """Whether a job of ``nodes`` nodes from this profile asks for nodes of its user's alone."""

@@ -109,7 +109,8 @@ def render(options: SpawnOptions, profile: Profile, *, user: str, homedir: str, 
     return JobScript(name=f"jupyterhub-{user}", output=f"{logdir}/jupyterhub-%j.log", nodes=options.nodes,
                      tasks_per_node=ranks_per_node(options.gpus_per_node), gpus_per_node=options.gpus_per_node,
                      time=options.walltime, partition=options.partition, account=options.account or None,
-                     qos=options.qos or None,
+                     qos=options.qos or None, cpus_per_task=profile.cpus_per_gpu if options.gpus_per_node else None,
+                     memory_per_gpu=profile.mem_per_gpu if options.gpus_per_node else None,
                      extra=extra, body=body).render()
 
 

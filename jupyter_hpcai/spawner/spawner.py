@@ -87,7 +87,8 @@ class HPCSlurmSpawner(SpawnForm, Submission, StartShare, ServerCheck, StartProgr
     }
 
     profiles = List(Dict(), config=True, help="""Profiles users pick from: dicts with name, partition, nodes,
-        gpus_per_node, walltime, account, environment and extra_sbatch (a list of admin-only sbatch options).""")
+        gpus_per_node, walltime, account, environment, cpus_per_gpu and mem_per_gpu (each rank's, one rank per GPU)
+        and extra_sbatch (a list of admin-only sbatch options).""")
     limits = Dict(config=True, help="""Admin limits per partition, narrowing the scheduler's:
         {"gpu": {"max_nodes": 2, "max_gpus_per_node": 4, "max_walltime": "08:00:00"}}.""")
     partitions = List(Unicode(), config=True, help="Partitions offered (default: every partition Slurm reports).")

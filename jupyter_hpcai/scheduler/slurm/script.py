@@ -16,11 +16,12 @@ JOB_ID_IN_ENVIRON = "SLURM_JOB_ID=$SLURM_JOB_ID"
 WHOLE_ENVIRONMENT = "unset SLURM_EXPORT_ENV"
 # how a step says one of its tasks ended ("srun: error: n2: task 3: Exited with exit code 1"), a regular expression
 TASK_ENDED = r"srun: error: \S+: tasks? [\d,-]+"
+MEMORY_OPTIONS = ("--mem", "--mem-per-cpu", "--mem-per-gpu")  # sbatch takes one of them
 DEFAULT_OUTPUT = "slurm-%j.out"  # where a job's output goes when its script does not say
 # JobScript's fields as sbatch's options
 OPTIONS = {"name": "job-name", "output": "output", "nodes": "nodes", "tasks_per_node": "ntasks-per-node",
            "gpus_per_node": "gpus-per-node", "time": "time", "partition": "partition", "account": "account",
-           "qos": "qos"}
+           "qos": "qos", "cpus_per_task": "cpus-per-task", "memory_per_gpu": "mem-per-gpu"}
 
 
 def job_options(fields: Mapping[str, str | int], extra: Sequence[str]) -> list[str]:
@@ -32,6 +33,10 @@ def job_options(fields: Mapping[str, str | int], extra: Sequence[str]) -> list[s
         raise HPCAIError(f"job {fields.get('name', '')}: {', '.join(twice)} in the extra options, which the job sets "
                          "itself", "leave it out of the extra options")
     versions.gpu_options([*options, *extra])
+    memory = [option for option in [*options, *extra] if option.split("=", 1)[0] in MEMORY_OPTIONS]
+    if len({option.split("=", 1)[0] for option in memory}) > 1:
+        raise HPCAIError(f"job {fields.get('name', '')} asks for memory two ways ({', '.join(memory)}), which sbatch "
+                         "refuses", "keep one: a profile's mem_per_gpu, or --mem (req_memory, extra_sbatch)")
     return options + list(extra)
 
 
