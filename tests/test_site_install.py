@@ -1,14 +1,19 @@
-"""A site installs jupyter-hpcai from a wheel, with no checkout: the wheel and its `hub` extra in a fresh venv, a site
-env built from the wheel, `hpcai site init` writing the hub's config and the site config, a hub started from those
-files alone (PAM logins, the dev cluster's Slurm) spawning a 2-node server, JupyterLab loading the side panel's
-extension, and a kernel from the site env running `%hpc start` and `%%horovod_run` on 4 ranks."""
+"""A site installs jupyter-hpcai from the docs alone: the install block of docs/howto/site-install.md, run as it is
+written (the names mapped to the test's: paths under a folder of its own, which the dev cluster's nodes see as a
+site's shared storage; the URL to hub.localhost; the GPU recipe to the CPU one; npm's global install skipped, the
+test setup's), from a wheel and an sdist built with their version, with no checkout on any path. Then the hub as the
+systemd unit of docs/howto/run-the-hub.md starts it (under a plain supervisor: no systemd here), PAM logins, a
+2-node server, JupyterLab loading the side panel's extension, and a kernel of the site env running `%hpc start` and
+`%%horovod_run` on 4 ranks. A step that drifts from the pages fails here."""
 
 from __future__ import annotations
 
 import asyncio
+import configparser
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -29,57 +34,68 @@ from jupyter_hpcai.proc import wait_until
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
 UV = str(Path(sys.executable).parent / "uv")
-ENV = "site-tf"
+ENV = "tf-horovod-cpu"  # the page's tf-horovod-nccl, on a machine without GPUs
 
 
-def _run(argv: list[str], env: dict[str, str], timeout: float = 600) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd="/")
+def _run(argv: list[str], env: dict[str, str], timeout: float = 600, cwd: str = "/") -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
     assert done.returncode == 0, f"{argv}: {done.stdout}\n{done.stderr}"
     return done.stdout
 
 
 @pytest.fixture
 def site(devcluster) -> Iterator[Path]:  # type: ignore[no-untyped-def]
-    """A folder every user reads (the venv, the envs and the config live there, as on a shared filesystem)."""
+    """A folder every user reads, outside the login node's own /usr/local and /opt: the site's shared storage."""
     folder = Path(tempfile.mkdtemp(prefix="hpcai-site-", dir="/var/tmp"))
     folder.chmod(0o755)
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _installed(site: Path, tmp_path: Path) -> dict[str, str]:
-    """The wheel (built from this checkout, as a release would be) in a fresh venv with the hub extra, its recipes
-    in it; the environment every later command runs with (no checkout on any path)."""
-    _run([UV, "build", "--wheel", "-o", str(tmp_path / "dist"), str(REPO)], dict(os.environ))
-    wheel = next((tmp_path / "dist").glob("jupyter_hpcai-*.whl"))
-    venv = site / "venv"
-    _run([UV, "venv", "-q", str(venv), "--python", "/usr/bin/python3"], dict(os.environ))
-    _run([UV, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), f"{wheel}[hub]"], dict(os.environ))
-    prefix = os.environ.get("HPCAI_SLURM")  # the dev cluster's own Slurm: its client is the site's
-    slurm = [f"{prefix}/bin"] if prefix else []
-    env = {"PATH": ":".join([f"{venv}/bin", *slurm, "/usr/local/bin:/usr/bin:/bin"]), "LANG": "C.UTF-8", "HOME": "/root",
-           "SLURM_CONF": os.environ["SLURM_CONF"], "HPCAI_CONFIG": str(site / "config.toml")}
-    where = _run([str(venv / "bin" / "python"), "-c", "import jupyter_hpcai; print(jupyter_hpcai.__file__)"], env)
-    assert where.startswith(f"{venv}/lib/"), where  # from the wheel, not the checkout
-    workshop = _run([str(venv / "bin" / "python"), "-c", "import importlib.resources as r; print(sorted(p.name for p "
-                     "in r.files('jupyter_hpcai.devcluster').joinpath('templates').iterdir()))"], env)
-    assert "slurm.conf" in workshop, workshop  # the workshop ships in the wheel, loaded only by its own commands
-    assert "--check" in _run([str(venv / "bin" / "hpcai"), "demo", "--help"], env)
-    shipped = _run([str(venv / "bin" / "python"), "-c", "from jupyter_hpcai import paths; "
-                    "print(paths.recipes_dir(), paths.product_requirement())"], env).split()
-    assert shipped == [f"{venv}/lib/python3.11/site-packages/jupyter_hpcai/recipes", str(wheel)], shipped
-    (tmp_path / "dist").chmod(0o755)  # the site env installs the product from the wheel the site installed
-    return env
+def block(page: str, heading: str, language: str) -> str:
+    """The first ``language`` code block after ``heading`` in docs/``page``, its continued lines joined."""
+    text = (REPO / "docs" / page).read_text()
+    after = text[text.index(heading):]
+    found = re.search(rf"```{language}\n(.*?)```", after, re.S)
+    assert found, f"{page}: no {language} block after {heading!r}"
+    return found.group(1).replace("\\\n", " ")
 
 
-def _site_init(site: Path, env: dict[str, str], port: int, login: str) -> Path:
-    """`hpcai site init`, then the files it wrote: a hub config whose every setting is there, commented."""
-    config = site / "jupyterhub_config.py"
-    said = _run([f"{site}/venv/bin/hpcai", "site", "init", "--hub-config", str(config), "--site-config",
-                 str(site / "config.toml"), "--bind-url", f"http://127.0.0.1:{port}",
-                 "--public-url", f"http://hub.localhost:{port}",
-                 "--state-dir", str(site / "state"), "--allowed-group", USER,
-                 "--env-root", str(site / "envs")], env)
+def mapped(text: str, names: dict[str, str]) -> str:
+    """The page's example names replaced by the test's, longest first."""
+    for example in sorted(names, key=len, reverse=True):
+        text = text.replace(example, names[example])
+    return text
+
+
+def _release(out: Path) -> Path:
+    """The wheel and the sdist, named with the version (from the working tree: its side panel is built, so no npm)."""
+    from jupyter_hpcai import __version__
+
+    _run([UV, "build", "--sdist", "--wheel", "--out-dir", str(out), str(REPO)], dict(os.environ))
+    names = sorted(p.name for p in out.iterdir() if p.suffix in (".whl", ".gz"))
+    assert names == [f"jupyter_hpcai-{__version__}-py3-none-any.whl", f"jupyter_hpcai-{__version__}.tar.gz"], names
+    out.chmod(0o755)  # the site env installs the product from the wheel the site installed
+    return out
+
+
+def _install(site: Path, names: dict[str, str], env: dict[str, str], dist: Path) -> list[str]:
+    """Each line of the page's install block, mapped, run as root from the wheel's folder; the lines run."""
+    lines = [ln.split("  #")[0].strip() for ln in block("howto/site-install.md", "## Install and write the configs",
+                                                       "bash").splitlines() if ln.strip()]
+    assert lines[2] == "npm install -g configurable-http-proxy", lines  # the test setup has installed it
+    ran = []
+    for line in [ln for ln in lines if not ln.startswith("npm ")]:
+        command = mapped(line, names)
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=1800, env=env,
+                              cwd=dist)
+        assert done.returncode == 0, f"the page's line {line!r} as {command!r}:\n{done.stdout}\n{done.stderr}"
+        ran.append(done.stdout)
+    return ran
+
+
+def _written(site: Path, config: Path, port: int, login: str, said: str) -> None:
+    """What site init wrote: the hub's address, one origin per user, every setting commented, PAM for the group."""
     assert f"wrote {config}" in said and f"hub address on the nodes' network: {login}" in said, said
     assert f"one origin per user: the hub at http://hub.localhost:{port}, each user's server at <user>.hub.localhost" \
         in " ".join(said.split()), said
@@ -89,32 +105,32 @@ def _site_init(site: Path, env: dict[str, str], port: int, login: str) -> Path:
     for setting in ("req_qos", "job_log_dir", "walltime_warning", "exec_prefix", "batch_script", "env_keep"):
         assert re.search(rf"^# c\.HPCSlurmSpawner\.{setting} = ", text, re.M), setting
     assert "## REFUSED here (the hub stops): use req_prologue" in text  # batch_script's line says what to use instead
-    # who logs in: the members of the named group only (never allow_all); SLURM_CONF as site init found it
     assert f"c.PAMAuthenticator.allowed_groups = {{'{USER}'}}" in text and "allow_all = True" not in text
     assert f"os.environ.setdefault(\"SLURM_CONF\", '{os.environ['SLURM_CONF']}')" in text
-    assert f'site_roots = ["{site}/envs"]' in (site / "config.toml").read_text()
+    assert f'site_roots = ["{site}/software/hpcai-envs"]' in (site / "etc/jupyter-hpcai/config.toml").read_text()
     assert oct(config.stat().st_mode & 0o777) == "0o600" and oct((site / "state").stat().st_mode & 0o777) == "0o700"
-    again = subprocess.run([f"{site}/venv/bin/hpcai", "site", "init", "--hub-config", str(config), "--site-config",
-                            str(site / "config.toml")], capture_output=True, text=True, env=env, timeout=120)
-    assert again.returncode == 1 and "exists; nothing was written" in again.stdout, again  # loses nothing
-    return config
 
 
 @contextmanager
-def _hub(site: Path, config: Path, env: dict[str, str], log: Path) -> Iterator[None]:
-    """The hub from the written config alone (the ports other tests' hubs may hold, on its command line)."""
-    api = f"http://127.0.0.1:{free_port()}"
+def _service(names: dict[str, str], env: dict[str, str], log: Path) -> Iterator[None]:
+    """The hub as run-the-hub.md's systemd unit runs it (its ExecStart, WorkingDirectory and Environment), under a
+    plain supervisor; the ports other tests' hubs may hold given on its command line."""
+    unit = configparser.ConfigParser(interpolation=None, strict=False)
+    unit.read_string(mapped(block("howto/run-the-hub.md", "## A systemd service", "ini"), names))
+    service = unit["Service"]
+    assert service["User"] == "root" and service["Restart"] == "on-failure", dict(service)
+    variables = dict(v.split("=", 1) for v in shlex.split(service["Environment"]))
+    argv = [*shlex.split(service["ExecStart"]), f"--JupyterHub.hub_port={free_port()}",
+            f"--ConfigurableHTTPProxy.api_url=http://127.0.0.1:{free_port()}"]
     with open(log, "w") as out:
-        hub = subprocess.Popen([f"{site}/venv/bin/jupyterhub", "-f", str(config),
-                                f"--JupyterHub.hub_port={free_port()}",
-                                f"--ConfigurableHTTPProxy.api_url={api}"], cwd=site / "state", env=env, stdout=out,
+        hub = subprocess.Popen(argv, cwd=service["WorkingDirectory"], env={**env, **variables}, stdout=out,
                                stderr=subprocess.STDOUT, start_new_session=True)
     try:
         yield
     finally:
         hub.send_signal(signal.SIGTERM)
         hub.wait(timeout=60)
-        pid = site / "state" / "jupyterhub-proxy.pid"
+        pid = Path(service["WorkingDirectory"]) / "jupyterhub-proxy.pid"
         if pid.exists():
             try:
                 os.kill(int(pid.read_text()), signal.SIGTERM)
@@ -122,20 +138,32 @@ def _hub(site: Path, config: Path, env: dict[str, str], log: Path) -> Iterator[N
                 pass
 
 
-def test_a_wheel_a_template_and_a_hub_are_enough(devcluster, tf_env, site: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_install_page_and_the_service_give_a_working_hub(devcluster, tf_env, site: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from playwright.sync_api import sync_playwright
 
     ensure_user(USER)
     password = "site-" + secrets.token_hex(6)
     subprocess.run(["chpasswd"], input=f"{USER}:{password}\n", text=True, check=True, timeout=30)
-    env = _installed(site, tmp_path)
     port = free_port()
-    config = _site_init(site, env, port, devcluster.login_address)
-    # the shipped recipe, by name: ${HPCAI_PRODUCT} is the wheel this venv was installed from
-    _run([f"{site}/venv/bin/hpcai", "env", "build", "tf-horovod-cpu", "--name", ENV, "--site"], env, timeout=1800)
-    _run([f"{site}/venv/bin/hpcai", "kernel", "install", ENV, "--prefix", str(site / "venv")], env)
+    slurm = os.environ.get("HPCAI_SLURM")  # the dev cluster's own Slurm: its client is the site's
+    names = {"/shared/software": f"{site}/software", "/etc/jupyterhub": f"{site}/etc/jupyterhub",
+             "/etc/jupyter-hpcai": f"{site}/etc/jupyter-hpcai", "/var/lib/jupyterhub": f"{site}/state",
+             "https://hub.example.org": f"http://hub.localhost:{port}", "http://127.0.0.1:8000": f"http://127.0.0.1:{port}",
+             "hpc-users": USER, "--user someone": f"--user {USER}", "tf-horovod-nccl": ENV,
+             "/usr/bin:": f"{slurm}/bin:/usr/bin:" if slurm else "/usr/bin:"}
+    env = {"PATH": ":".join([*([f"{slurm}/bin"] if slurm else []), "/usr/local/bin:/usr/bin:/bin"]), "LANG": "C.UTF-8",
+           "HOME": "/root", "SLURM_CONF": os.environ["SLURM_CONF"],
+           "HPCAI_CONFIG": f"{site}/etc/jupyter-hpcai/config.toml"}  # the page's default site config, mapped
+    dist = _release(tmp_path / "dist")
+    said = _install(site, names, env, dist)
+    venv = site / "software" / "jupyterhub"
+    where = _run([str(venv / "bin" / "python"), "-c", "import jupyter_hpcai; print(jupyter_hpcai.__file__)"], env)
+    assert where.startswith(f"{venv}/lib/"), where  # from the wheel, not the checkout
+    config = site / "etc" / "jupyterhub" / "jupyterhub_config.py"
+    _written(site, config, port, devcluster.login_address, said[2])
+    assert (venv / "share/jupyter/kernels" / f"hpcai-{ENV}" / "kernel.json").is_file()  # where the servers look
     url = f"http://hub.localhost:{port}"  # the hub's origin; the user's server is on hpcai-alice.hub.localhost
-    with _hub(site, config, env, tmp_path / "hub.log"):
+    with _service(names, env, tmp_path / "hub.log"):
         wait_until(lambda: _answers(f"http://127.0.0.1:{port}/hub/api"), timeout=120, what="the hub to answer")
         token = ""
         try:
@@ -202,7 +230,8 @@ def _trains(url: str, token: str, site: Path) -> None:
     base = f"{url.replace('://', f'://{USER}.')}/user/{USER}"  # the user's own origin
     status, kernel = demo.request(f"{base}/api/kernels", token, "POST", {"name": f"hpcai-{ENV}"})
     assert status == 201, kernel
-    cells = {"import jupyter_hpcai; print(jupyter_hpcai.__file__)": rf"^{site}/envs/{ENV}/builds/.*/jupyter_hpcai/",
+    cells = {"import jupyter_hpcai; print(jupyter_hpcai.__file__)":
+             rf"^{site}/software/hpcai-envs/{ENV}/builds/.*/jupyter_hpcai/",
              "%load_ext jupyter_hpcai": "",
              "%hpc start": r"^4 engines ready \(srun\)",
              "%%horovod_run\nimport tensorflow as tf\nprint('sum', float(hvd.allreduce(tf.constant(float(rank + 1)), "
