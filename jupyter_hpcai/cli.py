@@ -39,8 +39,10 @@ if not console.is_terminal:  # a pipe or a file: tables as wide as their cells, 
 
 def esc(value: object) -> str:
     """Any text this project did not write (paths, names, messages, tool output), made safe to print with rich
-    markup: ``[/x]``, ``[bold]`` and ``[rank 0 n1]`` print as they are. Every value put into markup goes through it."""
-    return escape(str(value))
+    markup: ``[/x]``, ``[bold]`` and ``[rank 0 n1]`` print as they are, and a control character (a terminal's
+    escape sequence: it could clear or rewrite what was printed) as U+FFFD. Every value put into markup goes
+    through it."""
+    return escape("".join(c if c.isprintable() or c in "\n\t" else "\ufffd" for c in str(value)))
 
 
 def _say(line: str) -> None:

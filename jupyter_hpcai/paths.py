@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tomllib
 from importlib import metadata
 from pathlib import Path
@@ -89,22 +90,24 @@ def recipes_dir() -> Path:
 
 def product_requirement(recipe_dir: Path | None = None) -> str:
     """The pip line that installs this product into an env (a recipe's ``${HPCAI_PRODUCT}``): ``HPCAI_PRODUCT``,
-    else the checkout whose recipes/ holds the recipe (``-e CHECKOUT``), else ``[envs] product`` in the site config
-    (a wheel's path, or a URL on the site's own index), else where this install came from (its PEP 610 record: the
-    checkout it is editable from, or the wheel file, while it is there). Never a bare name: pip would take whatever
-    a public index serves under it."""
+    else the checkout whose recipes/ holds the recipe (``-e CHECKOUT``, where it is this user's or root's alone),
+    else ``[envs] product`` in the site config (a wheel's path, or a URL on the site's own index), else where this
+    install came from (its PEP 610 record: the checkout it is editable from, or the wheel file, while it is there and
+    nobody else can have put it there). Never a bare name: pip would take whatever a public index serves under it."""
     if os.environ.get("HPCAI_PRODUCT"):
         return os.environ["HPCAI_PRODUCT"]
-    if recipe_dir is not None and _is_checkout(recipe_dir.parent):
+    if recipe_dir is not None and _is_checkout(recipe_dir.parent) and _ours(recipe_dir.parent):
         return f"-e {recipe_dir.parent}"
     named = site_config().get("envs", {}).get("product")
     if named:
         return str(named)
     origin = _install_origin()
-    if origin:
+    if origin and _ours(Path(origin.removeprefix("-e "))):
         return origin
-    raise HPCAIError("a recipe installs ${HPCAI_PRODUCT}, and this install of jupyter-hpcai does not say where it "
-                     "came from (it was installed from an index, or its wheel has moved)",
+    found = (f"it came from {origin}, which someone other than you or root owns or may change"
+             if origin else "it was installed from an index, or its wheel has moved")
+    raise HPCAIError(f"a recipe installs ${{HPCAI_PRODUCT}}, and this install of jupyter-hpcai cannot say which: "
+                     f"{found}",
                      'set product = "/shared/software/dist/jupyter_hpcai-VERSION-py3-none-any.whl" (the wheel the '
                      "hub was installed from, or its URL on your own index) under [envs] in the site config, or "
                      "HPCAI_PRODUCT for one build")
@@ -132,6 +135,22 @@ def _is_checkout(folder: Path) -> bool:
             return tomllib.load(f).get("project", {}).get("name") == "jupyter-hpcai"
     except (OSError, tomllib.TOMLDecodeError):
         return False
+
+
+def _ours(path: Path) -> bool:
+    """``path`` and every folder above it are this user's or root's, and nobody else may change them (a folder with
+    the sticky bit, as /tmp, keeps what is ours ours): what installs from there installs what we put there."""
+    mine = {0, os.geteuid()}
+    try:
+        path = path.resolve(strict=True)
+        for place in (path, *path.parents):
+            st = place.stat()
+            shared = st.st_mode & 0o022 and not (place != path and st.st_mode & stat.S_ISVTX)
+            if st.st_uid not in mine or shared:
+                return False
+    except OSError:
+        return False
+    return True
 
 
 def private_dir(path: Path) -> Path:

@@ -40,6 +40,7 @@ def run(
             argv,
             capture_output=True,
             text=True,
+            errors="replace",  # output is often another's text: a stray byte never ends the caller
             timeout=timeout,
             env=dict(env) if env is not None else None,
             cwd=cwd,

@@ -7,6 +7,7 @@ cell in one, Yama's ptrace scope there (``%hpc stacks``), and that Slurm hands o
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 from collections.abc import Callable, Iterator
@@ -19,7 +20,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 
 from . import paths, proc
 from .envs import EnvStore
-from .envs.recipe import PRODUCT, requirement_name
+from .envs.recipe import names_the_product_bare
 from .errors import HPCAIError
 from .scheduler import chosen
 from .siteinit import local_name
@@ -33,16 +34,17 @@ environment = chosen().environment
 CONNECT_TIMEOUT = 5  # seconds for a node to reach the hub's API address
 JOB_WAIT = 300  # seconds for the small job, its wait in the queue included
 # The small job's report, one "key=value" line each: the hub's address as the node reaches it ("connected": the hub
-# listens; "refused": the host answers, the hub is not running now; else why not), ptrace_scope, the GPUs it got.
-PROBE = """timeout {timeout} bash -c '</dev/tcp/{ip}/{port}' 2>/tmp/hpcai-probe-$$ && echo hub=connected || \
-{{ grep -q refused /tmp/hpcai-probe-$$ && echo hub=refused || echo "hub=$(tr -d '\\n' </tmp/hpcai-probe-$$)"; }}
-rm -f /tmp/hpcai-probe-$$
+# listens; "refused": the host answers, the hub is not running now; else why not), ptrace_scope, the GPUs it got,
+# whether Spawner.cmd runs. No file of a fixed name: another user's could stand in its place.
+PROBE = """said=$(timeout {timeout} bash -c '</dev/tcp/{ip}/{port}' 2>&1) && echo hub=connected || \
+{{ case "$said" in *refused*) echo hub=refused;; *) echo "hub=$(printf %s "$said" | tr -d '\n')";; esac; }}
 echo "ptrace_scope=$(cat /proc/sys/kernel/yama/ptrace_scope 2>/dev/null || echo none)"
 echo "gpus=${{CUDA_VISIBLE_DEVICES:-none}}"
-{cmd} --version >/dev/null 2>/tmp/hpcai-probe-cmd-$$ && echo cmd=ok || echo "cmd=$(head -c 300 /tmp/hpcai-probe-cmd-$$ | tr -d '\n')"
-rm -f /tmp/hpcai-probe-cmd-$$
+said=$({cmd} --version 2>&1 >/dev/null) && echo cmd=ok || echo "cmd=$(printf %s "$said" | head -c 300 | tr -d '\n')"
 {python} -c {kernels} 2>&1 | tail -n 3
 """
+REPORT_BYTES = 65536  # of the job's report, read at most: the user's processes write there too
+KERNEL_NAME = re.compile(r"hpcai-[A-Za-z0-9._-]{1,64}")
 # Run on the node by the python beside Spawner.cmd (the servers' own): the kernels a server there offers, and the
 # first of this product's started as a notebook starts it (its provisioner, the env activated), one cell run.
 KERNELS = """
@@ -117,12 +119,16 @@ def _products_from_the_site() -> Check:
     never by bare name from a package index (where anyone may publish that name)."""
     bare = {}
     for env_dir in EnvStore().list("site"):
-        build = env_dir.current()
-        lock = build.lock() if build else None
-        lines = [ln for ln in (lock.pip if lock else []) if requirement_name(ln) == PRODUCT and "@" not in ln]
-        bare.update({env_dir.name: lines[0]} if lines else {})
+        try:
+            build = env_dir.current()
+            lock = build.lock() if build else None
+        except (OSError, ValueError) as err:  # an unreadable lock, or one of another shape: said, the check goes on
+            bare[env_dir.name] = f"its lock cannot be read ({type(err).__name__})"
+            continue
+        lines = [ln for ln in (lock.pip if lock else []) if names_the_product_bare(ln)]
+        bare.update({env_dir.name: f"{lines[0]}, from a package index"} if lines else {})
     return Check("site envs install jupyter-hpcai from the site's own copy", not bare,
-                 "; ".join(f"{name}: {line}, from a package index" for name, line in sorted(bare.items())) or
+                 "; ".join(f"{name}: {said}" for name, said in sorted(bare.items())) or
                  "none from a package index",
                  "rebuild each from a recipe that names ${HPCAI_PRODUCT} (the shipped ones do): "
                  "hpcai env build RECIPE --site --rebuild, with [envs] product in the site config")
@@ -181,6 +187,17 @@ def _shared_nodes(spawner: Any) -> Iterator[Check]:
                     "its own notebook jobs apart, not the partition's other jobs)", "warn")
 
 
+def _report(stdout: str) -> dict[str, str]:
+    """The job's ``key=value`` lines, each key's first (the probe's own come before anything the user's kernel may
+    print), the kernel's only under a kernel's name."""
+    seen: dict[str, str] = {}
+    for key, _, value in (line.partition("=") for line in stdout.splitlines() if "=" in line):
+        seen.setdefault(key, value)
+    if not KERNEL_NAME.fullmatch(seen.get("kernel", "hpcai-x").partition(" ")[0]):
+        seen.pop("kernel")
+    return seen
+
+
 def _node_runs_the_servers(seen: dict[str, str], cmd: str) -> Iterator[Check]:
     """What the job saw of the servers' own software: Spawner.cmd, and the kernels a server there offers against
     the product's kernels this host has (a kernelspec in a folder of this host's own reaches no server)."""
@@ -200,7 +217,7 @@ def _node_runs_the_servers(seen: dict[str, str], cmd: str) -> Iterator[Check]:
     kernel, _, said = seen.get("kernel", "").partition(" ")
     if kernel:
         yield Check(f"a site env's kernel ({kernel}) runs a cell on a node", said.startswith("ok"), said,
-                    f"hpcai env check {kernel.removeprefix('hpcai-')} as that user on a node says why")
+                    f"hpcai env check {shlex.quote(kernel.removeprefix('hpcai-'))} as that user on a node says why")
 
 
 def _job_checks(config: Any, spawner: Any, as_user: list[str], partition: str | None) -> Iterator[Check]:
@@ -209,21 +226,28 @@ def _job_checks(config: Any, spawner: Any, as_user: list[str], partition: str | 
     ip, port = hub.get("hub_connect_ip") or hub.get("hub_ip") or "127.0.0.1", int(hub.get("hub_port", 8081))
     profiles = list(spawner.profiles) or [{}]
     profile = next((p for p in profiles if p.get("gpus_per_node")), profiles[0])
-    fields = {"name": "hpcai-site-check", "nodes": 1, "time": "00:03:00", "partition": partition or profile.get("partition"),
-              "account": profile.get("account"), "gpus_per_node": 1 if profile.get("gpus_per_node") else None}
+    gpus = bool(profile.get("gpus_per_node"))
+    if partition:  # the admin's: GPUs where its nodes have them
+        gpus = any(p.name == partition and p.gpus_per_node for p in scheduler.partitions())
+        profile = {**profile, "partition": partition, "gpus_per_node": int(gpus)}
+    fields = {"name": "hpcai-site-check", "nodes": 1, "time": "00:03:00", "partition": profile.get("partition"),
+              "account": profile.get("account"), "gpus_per_node": 1 if gpus else None}
     cmd = spawner.cmd[0] if spawner.cmd else "jupyterhub-singleuser"
     probe = PROBE.format(timeout=CONNECT_TIMEOUT, ip=ip, port=port, cmd=shlex.quote(cmd),
                          python=shlex.quote(str(Path(cmd).with_name("python"))), kernels=shlex.quote(KERNELS))
     where = fields["partition"] or "the default partition"
     try:
         job = scheduler.job_of_its_own({key: value for key, value in fields.items() if value})
-        done = proc.run([*as_user, *job, "bash", "-c", probe], timeout=JOB_WAIT, env=command_env())
+        # the report through head, here: the user's processes in the job write to it as well
+        done = proc.run(["bash", "-c", f'set -o pipefail; "$@" | head -c {REPORT_BYTES}', "report", *as_user, *job,
+                         "bash", "-c", probe],
+                        timeout=JOB_WAIT, env=command_env())
     except HPCAIError as err:
         yield Check("a small job on a node", False, err.message,
                     f"check that {spawner.user.name} can run jobs on {where}; where its nodes are busy, run the "
                     "check where jobs start at once: hpcai site check ... --partition debug")
         return
-    seen = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    seen = _report(done.stdout)
     yield from _node_runs_the_servers(seen, cmd)
     reached = seen.get("hub") in ("connected", "refused")
     yield Check(f"a node reaches the hub's API at {ip}:{port}", reached,

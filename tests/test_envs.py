@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -544,26 +545,51 @@ def test_nccl_recipe_parses_and_solves_against_stand_ins(tmp_path: Path) -> None
     assert solved == {n: v for n, (v, _) in NCCL_STAND_INS.items()}
 
 
-@pytest.mark.parametrize("bare", ["jupyter-hpcai", "Jupyter_HPCAI==0.1.0", "jupyter-hpcai[hub]>=0.1"])
-def test_a_recipe_asking_for_the_product_by_bare_name_is_refused(bare: str) -> None:
-    """Anyone may publish jupyter-hpcai on a public index: a bare name would put their code into every site env."""
+@pytest.mark.parametrize(("entry", "words"), [
+    ("jupyter-hpcai", "would install jupyter-hpcai from a public index"),
+    ("Jupyter_HPCAI==0.1.0", "would install jupyter-hpcai from a public index"),
+    ("jupyter.hpcai[hub]>=0.1", "would install jupyter-hpcai from a public index"),
+    ("jupyter--hpcai", "would install jupyter-hpcai from a public index"),
+    ("jupyter-hpcai; platform_release != '@'", "would install jupyter-hpcai from a public index"),
+    ("jupyter-hpcai==0.1 # @x", "has a comment"),
+    (" jupyter-hpcai", "has spaces around it"),
+    (" --extra-index-url https://evil.example/simple", "has spaces around it"),
+])
+def test_a_recipe_asking_for_the_product_by_bare_name_is_refused(entry: str, words: str) -> None:
+    """Anyone may publish jupyter-hpcai on a public index: a name, however spelt, would put their code into every
+    site env; so would a line pip reads otherwise than the check (a comment, spaces before an option)."""
     with pytest.raises(HPCAIError) as err:
-        parse_recipe(f"name: x\npython: /usr/bin/python3\npip: [six, '{bare}']\n")
-    assert f"`{bare}` would install jupyter-hpcai from a public index" in str(err.value)
-    assert "write ${HPCAI_PRODUCT} instead" in str(err.value)
+        parse_recipe(f"name: x\npython: /usr/bin/python3\npip: [six, {json.dumps(entry)}]\n")
+    assert f"`{entry}` {words}" in str(err.value)
+    assert "write ${HPCAI_PRODUCT} instead" in str(err.value) or not words.startswith("would install")
     pinned = parse_recipe("name: x\npython: /usr/bin/python3\npip: ['jupyter-hpcai @ https://pypi.site.example/"
                           "jupyter_hpcai-0.1.0-py3-none-any.whl']\n")  # the site's own index, by URL
     assert pinned.pip_requirements() == ["jupyter-hpcai @ https://pypi.site.example/jupyter_hpcai-0.1.0-py3-none-any.whl"]
+
+
+def test_the_product_by_bare_name_in_a_requirements_file_or_as_the_product_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "more.txt").write_text("six\nJupyter.HPCAI  # the notebook side\n")
+    recipe = parse_recipe("name: x\npython: /usr/bin/python3\npip: [-r more.txt]\n", base_dir=tmp_path)
+    with pytest.raises(HPCAIError, match="more.txt: `Jupyter.HPCAI  # the notebook side` would install jupyter-hpcai"):
+        recipe.pip_installs()
+    monkeypatch.setenv("HPCAI_PRODUCT", "jupyter-hpcai")
+    product = parse_recipe("name: x\npython: /usr/bin/python3\npip: ['${HPCAI_PRODUCT}']\n", base_dir=tmp_path)
+    with pytest.raises(HPCAIError, match=r"\$\{HPCAI_PRODUCT\} is `jupyter-hpcai`, which would install"):
+        product.pip_requirements()
 
 
 def test_a_lock_with_the_product_by_bare_name_is_refused(small_env: EnvDir, small_recipe: Path,
                                                          env_store: EnvStore) -> None:
     current = small_env.current()
     assert current is not None and current.lock() is not None
-    lock = current.lock().model_copy(update={"pip": [*current.lock().pip, "jupyter-hpcai==0.1.0"]})  # type: ignore[union-attr]
-    with pytest.raises(HPCAIError) as err:
-        Builder(load_recipe(small_recipe), store=env_store, locked=lock).run()
-    assert "the lock installs `jupyter-hpcai==0.1.0` from a public index" in str(err.value)
+    for line, words in (("jupyter.hpcai==0.1.0", "would install jupyter-hpcai from a public index"),
+                        ("--index-url https://evil.example/simple", "is an option"),
+                        ("six==1.16.0\njupyter-hpcai==0.9", "has spaces around it or a line break")):
+        lock = current.lock().model_copy(update={"pip": [*current.lock().pip, line]})  # type: ignore[union-attr]
+        with pytest.raises(HPCAIError) as err:
+            Builder(load_recipe(small_recipe), store=env_store, locked=lock).run()
+        assert f"the lock's line `{line}` {words}" in str(err.value)
     assert small_env.current() == current  # nothing lost
 
 
@@ -588,10 +614,44 @@ def test_the_product_in_a_recipe_is_the_sites_own(tmp_path: Path, monkeypatch: p
     assert paths.recipes_dir() == REPO / "recipes"
 
 
+def test_the_product_comes_only_from_places_nobody_else_controls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkout another user owns (an admin building a user's recipe for the site) or a wheel another user could
+    have put where the install's wheel was (a deleted /tmp file made again) is never what ${HPCAI_PRODUCT} installs."""
+    from jupyter_hpcai import paths
+
+    monkeypatch.setenv("HPCAI_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.delenv("HPCAI_PRODUCT", raising=False)
+    nobody = pwd.getpwnam("nobody").pw_uid
+    theirs = tmp_path / "theirs"
+    (theirs / "recipes").mkdir(parents=True)
+    (theirs / "pyproject.toml").write_text('[project]\nname = "jupyter-hpcai"\n')
+    tmp_path.chmod(0o755)
+    os.chown(theirs, nobody, -1)
+    assert paths.product_requirement(theirs / "recipes") == f"-e {REPO}"  # not theirs: this install's own
+    os.chown(theirs, 0, -1)
+    assert paths.product_requirement(theirs / "recipes") == f"-e {theirs}"  # root's own checkout: followed
+    wheel = tmp_path / "jupyter_hpcai-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    assert paths._ours(wheel)
+    os.chown(wheel, nobody, -1)
+    assert not paths._ours(wheel)
+    os.chown(wheel, 0, -1)
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)  # anyone may replace what lies in it
+    (shared / wheel.name).write_bytes(b"")
+    assert not paths._ours(shared / wheel.name)
+    shared.chmod(0o1777)  # /tmp's way: nobody may replace root's file
+    assert paths._ours(shared / wheel.name)
+
+
 def test_a_shipped_recipe_is_found_by_its_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`hpcai env build tf-horovod-nccl` reads the recipe the product ships; a name it does not ship lists those."""
-    monkeypatch.chdir(tmp_path)  # no file of that name here
+    """`hpcai env build tf-horovod-nccl` reads the recipe the product ships, whatever lies in the current folder (an
+    admin building from another user's folder); a name it does not ship lists those."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tf-horovod-nccl").write_text("name: planted\npython: /usr/bin/python3\n")
     assert load_recipe("tf-horovod-nccl").name == "tf-horovod-nccl"
+    assert load_recipe(tmp_path / "tf-horovod-nccl").name == "planted"  # a file, named with its folder
     done = subprocess.run([HPCAI, "env", "build", "tf-horovod-ncl"], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "the name of one shipped: tf-horovod-cpu, tf-horovod-nccl, torch-cpu, torch-cuda" in done.stdout + done.stderr

@@ -454,6 +454,17 @@ def test_cli_prints_foreign_text_verbatim(tmp_path: Path) -> None:
            next((ln.strip() for ln in said.splitlines() if "rank 0" in ln), said.strip()[-120:])[:120])
 
 
+def test_foreign_text_reaches_no_terminal_as_a_control_sequence() -> None:
+    """A user's text in an admin's report (the site check prints what the user's job wrote): ESC, CSI and the
+    other control characters print as U+FFFD, markup as it is; line breaks and tabs stay."""
+    from jupyter_hpcai.cli import esc
+
+    said = esc("\x1bc\x1b[2J[bold]x[/bold]\x9b31m\x07\ttab\nline")
+    attack("a terminal reset and escape sequences in text an admin's command prints",
+           not any(c in said for c in "\x1b\x9b\x07") and "[bold]x" in said.replace("\\", ""), repr(said))
+    assert said.count("\ufffd") == 4 and "\ttab\nline" in said
+
+
 def test_a_job_slurm_has_forgotten_is_never_a_success(devcluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A remote build whose job Slurm no longer knows (purged, or never there) has an unknown outcome: it raises."""
     from jupyter_hpcai.scheduler import slurm

@@ -75,23 +75,19 @@ def _release(out: Path) -> Path:
     _run([UV, "build", "--sdist", "--wheel", "--out-dir", str(out), str(REPO)], dict(os.environ))
     names = sorted(p.name for p in out.iterdir() if p.suffix in (".whl", ".gz"))
     assert names == [f"jupyter_hpcai-{__version__}-py3-none-any.whl", f"jupyter_hpcai-{__version__}.tar.gz"], names
-    out.chmod(0o755)  # the site env installs the product from the wheel the site installed
+    out.chmod(0o755)
     return out
 
 
-def _install(site: Path, names: dict[str, str], env: dict[str, str], dist: Path) -> list[str]:
-    """Each line of the page's install block, mapped, run as root from the wheel's folder; the lines run."""
-    lines = [ln.split("  #")[0].strip() for ln in block("howto/site-install.md", "## Install and write the configs",
-                                                       "bash").splitlines() if ln.strip()]
-    assert lines[2] == "npm install -g configurable-http-proxy", lines  # the test setup has installed it
-    ran = []
-    for line in [ln for ln in lines if not ln.startswith("npm ")]:
-        command = mapped(line, names)
-        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=1800, env=env,
-                              cwd=dist)
-        assert done.returncode == 0, f"the page's line {line!r} as {command!r}:\n{done.stdout}\n{done.stderr}"
-        ran.append(done.stdout)
-    return ran
+def _install(names: dict[str, str], env: dict[str, str], dist: Path) -> str:
+    """The page's install block, mapped, run as root as one script from the wheel's folder; what it printed."""
+    lines = mapped(block("howto/site-install.md", "## Install and write the configs", "bash"), names).splitlines()
+    assert "npm install -g configurable-http-proxy" in lines, lines  # the test setup has installed it
+    script = "\n".join(line for line in lines if not line.startswith("npm "))
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, timeout=1800,
+                          env=env, cwd=dist)
+    assert done.returncode == 0, f"the page's install block, as run:\n{script}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
 
 
 def _written(site: Path, config: Path, port: int, login: str, said: str) -> None:
@@ -107,7 +103,7 @@ def _written(site: Path, config: Path, port: int, login: str, said: str) -> None
     assert "## REFUSED here (the hub stops): use req_prologue" in text  # batch_script's line says what to use instead
     assert f"c.PAMAuthenticator.allowed_groups = {{'{USER}'}}" in text and "allow_all = True" not in text
     assert f"os.environ.setdefault(\"SLURM_CONF\", '{os.environ['SLURM_CONF']}')" in text
-    assert f'site_roots = ["{site}/software/hpcai-envs"]' in (site / "etc/jupyter-hpcai/config.toml").read_text()
+    assert f'site_roots = ["{site}/software/hpcai-envs"]' in (site / "software/etc/jupyter-hpcai/config.toml").read_text()
     assert oct(config.stat().st_mode & 0o777) == "0o600" and oct((site / "state").stat().st_mode & 0o777) == "0o700"
 
 
@@ -147,20 +143,18 @@ def test_the_install_page_and_the_service_give_a_working_hub(devcluster, tf_env,
     port = free_port()
     slurm = os.environ.get("HPCAI_SLURM")  # the dev cluster's own Slurm: its client is the site's
     names = {"/shared/software": f"{site}/software", "/etc/jupyterhub": f"{site}/etc/jupyterhub",
-             "/etc/jupyter-hpcai": f"{site}/etc/jupyter-hpcai", "/var/lib/jupyterhub": f"{site}/state",
+             "/var/lib/jupyterhub": f"{site}/state",
              "https://hub.example.org": f"http://hub.localhost:{port}", "http://127.0.0.1:8000": f"http://127.0.0.1:{port}",
              "hpc-users": USER, "--user someone": f"--user {USER}", "tf-horovod-nccl": ENV,
              "/usr/bin:": f"{slurm}/bin:/usr/bin:" if slurm else "/usr/bin:"}
     env = {"PATH": ":".join([*([f"{slurm}/bin"] if slurm else []), "/usr/local/bin:/usr/bin:/bin"]), "LANG": "C.UTF-8",
-           "HOME": "/root", "SLURM_CONF": os.environ["SLURM_CONF"],
-           "HPCAI_CONFIG": f"{site}/etc/jupyter-hpcai/config.toml"}  # the page's default site config, mapped
-    dist = _release(tmp_path / "dist")
-    said = _install(site, names, env, dist)
+           "HOME": "/root", "SLURM_CONF": os.environ["SLURM_CONF"]}
+    said = _install(names, env, _release(tmp_path / "dist"))
     venv = site / "software" / "jupyterhub"
     where = _run([str(venv / "bin" / "python"), "-c", "import jupyter_hpcai; print(jupyter_hpcai.__file__)"], env)
     assert where.startswith(f"{venv}/lib/"), where  # from the wheel, not the checkout
     config = site / "etc" / "jupyterhub" / "jupyterhub_config.py"
-    _written(site, config, port, devcluster.login_address, said[2])
+    _written(site, config, port, devcluster.login_address, said)
     assert (venv / "share/jupyter/kernels" / f"hpcai-{ENV}" / "kernel.json").is_file()  # where the servers look
     url = f"http://hub.localhost:{port}"  # the hub's origin; the user's server is on hpcai-alice.hub.localhost
     with _service(names, env, tmp_path / "hub.log"):

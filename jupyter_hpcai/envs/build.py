@@ -31,7 +31,7 @@ from ..scheduler import chosen
 from . import activate, conda, pip
 from .manifest import ContainerManifest, Lock, Package, PrefixManifest, StepRecord, read_json_model, write_atomic
 from .preflight import preflight
-from .recipe import PRODUCT, Recipe, load_recipe, requirement_name
+from .recipe import PRODUCT, Recipe, load_recipe, requirement_name, unsafe_requirement
 from .store import Build, EnvDir, EnvStore
 from .verify import StepResult, verify
 
@@ -190,11 +190,13 @@ class Builder:
             lock = self.locked
             later = set(lock.no_build_isolation)
             lines = [line for line in lock.pip if not line.startswith("-e ")] + editables
-            bare = [ln for ln in lines if requirement_name(ln) == PRODUCT and "@" not in ln]
-            if bare:
-                raise HPCAIError(f"the lock installs `{bare[0]}` from a public index, where anyone may publish that "
-                                 "name", f"replace that line with `{PRODUCT} @ URL` (the wheel the hub was "
-                                 "installed from), or build from the recipe")
+            for line in lines:
+                reason = unsafe_requirement(line) or ("is an option" if line.startswith("-") and
+                                                      not line.startswith("-e ") else "")
+                if reason:
+                    raise HPCAIError(f"the lock's line `{line}` {reason}", f"a lock lists packages only (jupyter-hpcai "
+                                     f"as `{PRODUCT} @ URL`, the wheel the hub was installed from): fix that line, or "
+                                     "build from the recipe")
             return _Plan(lock.conda.channels, lock.conda.specs, [ln for ln in lines if requirement_name(ln) not in later],
                          [ln for ln in lines if requirement_name(ln) in later])
         channels = list(recipe.conda.channels) if recipe.conda else []

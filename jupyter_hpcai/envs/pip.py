@@ -50,8 +50,9 @@ for folder in folders:
 
 def pip_settings(python: Path, env: Mapping[str, str]) -> dict[str, str]:
     """The site's and user's pip configuration as ``python``'s pip sees it (config files and PIP_* variables):
-    option -> value, the environment's winning over the files'."""
-    done = run([str(python), "-m", "pip", "config", "list"], env=dict(env), check=False, timeout=60)
+    option -> value, the environment's winning over the files'. pip runs isolated here as everywhere (``-I``): no
+    module from the current folder, no PYTHON* variable, reaches it (root runs this too, for the dev cluster)."""
+    done = run([str(python), "-I", "-m", "pip", "config", "list"], env=dict(env), check=False, timeout=60)
     found: dict[str, tuple[int, str]] = {}
     for line in done.stdout.splitlines():
         key, sep, value = line.partition("=")
@@ -83,7 +84,7 @@ class Installer:
 
     def check(self) -> str:
         """What the installer's consistency check says of the prefix (broken requirements)."""
-        return run([str(self.python), "-m", "pip", "check"], env=self.env, check=False, timeout=300).stdout.strip()
+        return run([str(self.python), "-I", "-m", "pip", "check"], env=self.env, check=False, timeout=300).stdout.strip()
 
     def install(self, requirements: list[str], *, log: Path, no_build_isolation: bool = False, no_deps: bool = False,
                 find_links: Path | None = None, on_output: Callable[[str], None] | None = None) -> None:
@@ -112,7 +113,7 @@ class Pip(Installer):
     name = "pip"
 
     def command(self, *, no_build_isolation: bool, no_deps: bool, find_links: Path | None) -> tuple[list[str], dict[str, str]]:
-        cmd = [str(self.python), "-m", "pip", "install", "--upgrade-strategy", "only-if-needed", "--progress-bar", "off",
+        cmd = [str(self.python), "-I", "-m", "pip", "install", "--upgrade-strategy", "only-if-needed", "--progress-bar", "off",
                "--no-compile"]
         cmd += ["--no-build-isolation"] * no_build_isolation + ["--no-deps"] * no_deps
         return cmd + (["--find-links", str(find_links)] if find_links else []), self.env
@@ -288,7 +289,7 @@ def _build_wheels(python: Path, requirements: list[str], *, folder: Path, env: M
     folder.mkdir(parents=True, exist_ok=True)
     where = "\n".join(dict.fromkeys([str(prefix), os.path.realpath(prefix)])) + "\n"
     with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".building-") as aside:
-        run_logged([python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir",
+        run_logged([python, "-I", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir",
                     "--progress-bar", "off", "--wheel-dir", aside, *requirements], log=log, timeout=3600, env=env)
         for wheel in Path(aside).glob("*.whl"):
             record = Path(f"{wheel}.built-in")
@@ -362,7 +363,7 @@ def installer(name: str, python: Path, env: Mapping[str, str]) -> Installer:
 
 def inspect(python: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     """Every distribution in the prefix: name, version, installer, direct URL, files."""
-    report = json.loads(run([str(python), "-m", "pip", "inspect", "--local"], env=env, timeout=300).stdout)
+    report = json.loads(run([str(python), "-I", "-m", "pip", "inspect", "--local"], env=env, timeout=300).stdout)
     dists = []
     for item in report["installed"]:
         meta = item["metadata"]

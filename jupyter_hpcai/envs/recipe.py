@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Annotated
 
 import yaml
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import HPCAIError
@@ -91,11 +93,9 @@ class Recipe(_Strict):
         options = [r for r in self.pip if r.startswith("-") and not r.startswith(("-r ", "-e "))]
         if options:
             raise ValueError(f"pip entries are requirements, `-r FILE` or `-e PATH`, not options: {', '.join(options)}")
-        bare = [r for r in self.pip if requirement_name(r) == PRODUCT and "@" not in r]
-        if bare:
-            raise ValueError(f"`{bare[0]}` would install jupyter-hpcai from a public index, where anyone may publish "
-                             "that name: write ${HPCAI_PRODUCT} instead (the wheel the hub was installed from, or "
-                             "[envs] product in the site config), or `jupyter-hpcai @ URL` on your own index")
+        for entry in (r for r in self.pip if r != PRODUCT_VARIABLE):
+            if reason := unsafe_requirement(entry):
+                raise ValueError(f"`{entry}` {reason}" + (f": {PRODUCT_FIX}" if names_the_product_bare(entry) else ""))
         unknown = {requirement_name(n) for n in self.no_build_isolation} - {requirement_name(r) for r in self.pip}
         if unknown:
             raise ValueError(f"no_build_isolation names packages that `pip` does not list: {', '.join(sorted(unknown))}")
@@ -105,18 +105,37 @@ class Recipe(_Strict):
         """The pip layer as requirement-file lines, local paths resolved against the recipe's folder."""
         out = []
         for req in self.pip:
-            req = product_requirement(self.base_dir) if req == PRODUCT_VARIABLE else req
+            req = self._product() if req == PRODUCT_VARIABLE else req
             option, _, path = req.partition(" ") if req.startswith(("-r ", "-e ")) else ("", "", req)
             if option or path.startswith(("./", "../", "/")) or path in (".", ".."):
                 path = str((self.base_dir / path.strip()).resolve())
             out.append(f"{option} {path}".strip())
         return out
 
+    def _product(self) -> str:
+        """What ${HPCAI_PRODUCT} installs here, checked as a recipe's own line is."""
+        product = product_requirement(self.base_dir)
+        if reason := unsafe_requirement(product):
+            raise HPCAIError(f"${{HPCAI_PRODUCT}} is `{product}`, which {reason}",
+                             "set HPCAI_PRODUCT, or product under [envs] in the site config, to the wheel the hub was "
+                             "installed from (its path) or its URL on your own index")
+        return product
+
+    def requirement_files(self) -> None:
+        """Refuse a ``-r`` file that asks for the product by bare name (checked as the build reads it)."""
+        for line in self.pip_requirements():
+            if line.startswith("-r "):
+                for entry in Path(line[3:].strip()).read_text().splitlines():
+                    if names_the_product_bare(entry.split(" #")[0].strip()):
+                        raise HPCAIError(f"{line[3:].strip()}: `{entry.strip()}` would install jupyter-hpcai from a "
+                                         "public index, where anyone may publish that name", PRODUCT_FIX)
+
     def builds_horovod(self) -> bool:
         return any(requirement_name(r) == "horovod" for r in self.pip)
 
     def pip_installs(self) -> tuple[list[str], list[str]]:
         """Requirement lines for two installs: with build isolation, then the no_build_isolation packages."""
+        self.requirement_files()
         no_isolation = {requirement_name(n) for n in self.no_build_isolation}
         lines = self.pip_requirements()
         later = [r for r in lines if requirement_name(r) in no_isolation]
@@ -161,6 +180,31 @@ def _source_files(src: Path) -> list[Path]:
     ]
 
 
+PRODUCT_FIX = ("write ${HPCAI_PRODUCT} instead (the wheel the hub was installed from, or [envs] product in the "
+               "site config), or `jupyter-hpcai @ URL` on your own index")
+
+
+def names_the_product_bare(line: str) -> bool:
+    """Whether a requirement line asks for jupyter-hpcai by name (however spelt: ``Jupyter.HPCAI[hub]; marker``),
+    which pip takes from an index, rather than by URL or path."""
+    try:
+        requirement = Requirement(line)
+    except InvalidRequirement:
+        return False  # a path, an option, or no requirement at all: no name an index serves
+    return canonicalize_name(requirement.name) == PRODUCT and requirement.url is None
+
+
+def unsafe_requirement(line: str) -> str:
+    """Why a pip line may not be installed as written; "" when it may."""
+    if line != line.strip() or any(c in line for c in "\n\r\x00"):
+        return "has spaces around it or a line break"
+    if " #" in line:
+        return "has a comment (pip ends the line there, whatever follows)"
+    if names_the_product_bare(line):
+        return "would install jupyter-hpcai from a public index, where anyone may publish that name"
+    return ""
+
+
 def requirement_name(req: str) -> str:
     """The normalised project name of a requirement line (`Horovod[tensorflow]==0.28.1` -> `horovod`);
     local paths and options come back as they are."""
@@ -198,10 +242,12 @@ def parse_recipe(text: str, *, source: str = "<recipe>", base_dir: Path = Path("
 
 
 def recipe_file(path: str | Path) -> Path:
-    """A recipe file's path: ``path``, or the recipe the product ships under that name (``tf-horovod-nccl``)."""
+    """A recipe file's path: the recipe the product ships under a bare name (``tf-horovod-nccl``, whatever lies in
+    the current folder: an admin building from someone else's folder gets the shipped one), else ``path`` (a file of
+    that name is read by its path with a folder, ``/x/tf-horovod-nccl``, or with a suffix)."""
     path = Path(path)
     shipped = recipes_dir() / f"{path.name}.yaml"
-    return shipped if not path.exists() and path.name == str(path) and shipped.is_file() else path
+    return shipped if path.name == str(path) and not path.suffix and shipped.is_file() else path
 
 
 def load_recipe(path: str | Path) -> Recipe:
