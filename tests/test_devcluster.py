@@ -229,6 +229,24 @@ def test_nodes_are_separate_hosts(devcluster: DevCluster, tmp_path: Path) -> Non
     assert routes.split() == [devcluster.network, "dev", NODE_IFACE, "proto", "kernel", "scope", "link", "src", n1], routes
 
 
+def test_the_nodes_see_the_login_nodes_own_folders_empty_but_what_is_shared(devcluster: DevCluster) -> None:
+    """/usr/local and /opt are the login node's own: empty on a node, but for the site's env roots and pip's
+    wheelhouses inside them; the host's own view is untouched. The cluster as saved is the cluster asked for."""
+    if devcluster.mode != SEPARATE:
+        pytest.skip(f"the dev cluster runs with {devcluster.mode}: {devcluster.note}")
+    assert DevCluster.load(devcluster.state_dir) == devcluster  # `up` again, as a test that revives a node does
+    shared = [f for f in devcluster.net.shared if f.startswith("/opt/")]
+    seen = subprocess.run(["srun", "-N1", "-w", "n1", "bash", "-c", "ls -A /usr/local; echo --; ls -A /opt"],
+                          capture_output=True, text=True, timeout=60, check=True).stdout
+    local, opt = seen.split("--\n")
+    assert local == "" and sorted(opt.split()) == sorted({f.split("/")[2] for f in shared}), seen
+    assert any(Path("/usr/local").iterdir())  # the login node's own, still there for it
+    for folder in shared:
+        listed = subprocess.run(["srun", "-N1", "-w", "n2", "ls", "-A", folder], capture_output=True, text=True,
+                                timeout=60, check=True).stdout.split()
+        assert sorted(listed) == sorted(p.name for p in Path(folder).iterdir()), (folder, listed)
+
+
 def test_every_address_of_the_cluster_is_named_in_hosts(devcluster: DevCluster) -> None:
     """slurmctld 24.11 looks up the name of every peer that connects: the login address and the nodes' resolve
     from /etc/hosts, never through DNS (which this machine cannot reach: each lookup held every other connection

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -162,17 +164,32 @@ def _node_ranks(node: str, job: int | str) -> list[int]:
     return found
 
 
-def _fail_node(cluster: DevCluster, node: str, job: int, checkpoints: Path) -> None:
-    """Once the training saved at step 15: the node's slurmd and job ``job``'s ranks on it are killed (a node
-    failure)."""
-    latest = checkpoints / "latest"
-    wait_until(lambda: latest.exists() and latest.read_text().strip() >= "step-000000015", timeout=300,
-               what="the training to save step 15")
-    slurmd = next(d for d in cluster.daemons() if d.name == f"slurmd {node}").pid()
-    assert slurmd is not None, f"slurmd {node} is not running"
-    os.kill(slurmd, signal.SIGKILL)
-    for pid in _node_ranks(node, job):
-        os.kill(pid, signal.SIGKILL)
+@contextmanager
+def _node_fails_at_step_15(cluster: DevCluster, node: str, job: int, checkpoints: Path) -> Iterator[None]:
+    """Once the training saved step 15, the node's slurmd and job ``job``'s ranks on it are killed (a node failure),
+    from a thread; on the way out a kill that has not come yet never will (a cell that failed early leaves no
+    killer behind to take the node from the next test)."""
+    stop = threading.Event()
+
+    def fail() -> None:
+        latest = checkpoints / "latest"
+        wait_until(lambda: stop.is_set() or (latest.exists() and latest.read_text().strip() >= "step-000000015"),
+                   timeout=300, what="the training to save step 15")
+        if stop.is_set():
+            return
+        slurmd = next(d for d in cluster.daemons() if d.name == f"slurmd {node}").pid()
+        assert slurmd is not None, f"slurmd {node} is not running"
+        os.kill(slurmd, signal.SIGKILL)
+        for pid in _node_ranks(node, job):
+            os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=fail)
+    killer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        killer.join()
 
 
 def test_a_lost_node_and_the_cell_goes_on_with_the_survivors(devcluster, torch_env, tmp_path: Path,  # type: ignore[no-untyped-def]
@@ -182,10 +199,9 @@ def test_a_lost_node_and_the_cell_goes_on_with_the_survivors(devcluster, torch_e
     try:
         with kernel_in_job(torch_env, tmp_path, ("-N2", "--no-kill", "--ntasks-per-node=2", "--gpus-per-node=2")) as k:
             assert k.run("%load_ext jupyter_hpcai").status == "ok" and k.run("%hpc start").status == "ok"
-            killer = threading.Thread(target=_fail_node, args=(devcluster, "n2", k.job_id, checkpoints))
-            killer.start()
-            cell = k.run(TRAIN.format(options=" --elastic 2", folder=str(checkpoints), end=60, pause=0.2), timeout=600)
-            killer.join()
+            with _node_fails_at_step_15(devcluster, "n2", k.job_id, checkpoints):
+                cell = k.run(TRAIN.format(options=" --elastic 2", folder=str(checkpoints), end=60, pause=0.2),
+                             timeout=600)
             assert cell.status == "ok", cell.error + cell.stdout
             said = re.search(r"hpcai: (.*) lost at step (\d+); continuing on 2 ranks from step (\d+)", cell.stdout)
             assert said, cell.stdout
@@ -259,11 +275,9 @@ def test_horovod_goes_on_after_a_lost_node(devcluster, tf_env, tmp_path: Path,  
     try:
         with kernel_in_job(tf_env, tmp_path, ("-N2", "--no-kill", "--ntasks-per-node=2", "--gpus-per-node=2")) as k:
             assert k.run("%load_ext jupyter_hpcai").status == "ok" and k.run("%hpc start").status == "ok"
-            killer = threading.Thread(target=_fail_node, args=(devcluster, "n2", k.job_id, checkpoints))
-            killer.start()
-            cell = k.run(HOROVOD_TRAIN.format(options=" --elastic 2", folder=str(checkpoints), end=60, pause=0.2),
-                         timeout=600)
-            killer.join()
+            with _node_fails_at_step_15(devcluster, "n2", k.job_id, checkpoints):
+                cell = k.run(HOROVOD_TRAIN.format(options=" --elastic 2", folder=str(checkpoints), end=60, pause=0.2),
+                             timeout=600)
             assert cell.status == "ok", cell.error + cell.stdout
             said = re.search(r"hpcai: (.*) lost at step (\d+); continuing on 2 ranks from step (\d+)", cell.stdout)
             assert said and said[1] == "rank 2 on n2, rank 3 on n2" and 15 <= int(said[3]) <= int(said[2]), cell.stdout

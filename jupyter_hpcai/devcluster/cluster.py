@@ -132,6 +132,7 @@ class DevCluster:
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).absolute()
+        self.login_only, self.shared = tuple(self.login_only), tuple(self.shared)  # as cluster.json gives them: lists
         if not 1 <= self.nodes <= 16:
             raise HPCAIError(f"--nodes must be between 1 and 16, not {self.nodes}")
         if not 0 <= self.gpus_per_node <= 16:
