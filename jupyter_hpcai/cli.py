@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from rich.table import Table
 
 from . import joblog, kernelspec, paths
 from .envs import BuildRequest, EnvDir, EnvStore, Event, load_recipe, open_env, remote
+from .envs.recipe import recipe_file
 from .envs.container import import_container
 from .envs.container import warnings as container_warnings
 from .envs.pip import INSTALLERS
@@ -222,6 +224,8 @@ def env_build(recipe: Path, name: str | None, site: bool, locked: bool, lock_fil
               installer: str | None) -> None:
     """Build RECIPE (a file, or a shipped recipe's name: tf-horovod-nccl) into a new version of its env; `current`
     moves only when verify passes."""
+    recipe, lock_file = recipe_file(recipe).absolute(), lock_file.absolute() if lock_file else None
+    os.chdir("/")  # the build's pythons import nothing from the folder it was started in (maybe another user's)
     request = BuildRequest(recipe, name=name, site=site, locked=locked, lock_file=lock_file, rebuild=rebuild,
                            partition=on_partition, here=here, gpus=gpus, time_limit=time_limit, account=account,
                            installer=installer)

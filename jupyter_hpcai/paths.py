@@ -96,14 +96,15 @@ def product_requirement(recipe_dir: Path | None = None) -> str:
     nobody else can have put it there). Never a bare name: pip would take whatever a public index serves under it."""
     if os.environ.get("HPCAI_PRODUCT"):
         return os.environ["HPCAI_PRODUCT"]
-    if recipe_dir is not None and _is_checkout(recipe_dir.parent) and _ours(recipe_dir.parent):
-        return f"-e {recipe_dir.parent}"
+    if recipe_dir is not None and _is_checkout(recipe_dir.parent) and ours(recipe_dir.parent):
+        return f"-e {recipe_dir.parent.resolve()}"  # resolved: a link someone repoints later changes nothing
     named = site_config().get("envs", {}).get("product")
     if named:
         return str(named)
     origin = _install_origin()
-    if origin and _ours(Path(origin.removeprefix("-e "))):
-        return origin
+    if origin and ours(Path(origin.removeprefix("-e "))):
+        path = Path(origin.removeprefix("-e ")).resolve()
+        return f"-e {path}" if origin.startswith("-e ") else str(path)
     found = (f"it came from {origin}, which someone other than you or root owns or may change"
              if origin else "it was installed from an index, or its wheel has moved")
     raise HPCAIError(f"a recipe installs ${{HPCAI_PRODUCT}}, and this install of jupyter-hpcai cannot say which: "
@@ -137,7 +138,7 @@ def _is_checkout(folder: Path) -> bool:
         return False
 
 
-def _ours(path: Path) -> bool:
+def ours(path: Path) -> bool:
     """``path`` and every folder above it are this user's or root's, and nobody else may change them (a folder with
     the sticky bit, as /tmp, keeps what is ours ours): what installs from there installs what we put there."""
     mine = {0, os.geteuid()}

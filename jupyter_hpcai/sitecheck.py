@@ -40,18 +40,21 @@ PROBE = """said=$(timeout {timeout} bash -c '</dev/tcp/{ip}/{port}' 2>&1) && ech
 {{ case "$said" in *refused*) echo hub=refused;; *) echo "hub=$(printf %s "$said" | tr -d '\n')";; esac; }}
 echo "ptrace_scope=$(cat /proc/sys/kernel/yama/ptrace_scope 2>/dev/null || echo none)"
 echo "gpus=${{CUDA_VISIBLE_DEVICES:-none}}"
-said=$({cmd} --version 2>&1 >/dev/null) && echo cmd=ok || echo "cmd=$(printf %s "$said" | head -c 300 | tr -d '\n')"
-{python} -c {kernels} 2>&1 | tail -n 3
+said=$(PYTHONNOUSERSITE=1 {cmd} --version 2>&1 >/dev/null) && echo cmd=ok || \
+echo "cmd=$(printf %s "$said" | head -c 300 | tr -d '\n')"
+{python} -I -c {kernels} {site_kernels} 2>&1 | tail -n 3
 """
 REPORT_BYTES = 65536  # of the job's report, read at most: the user's processes write there too
 KERNEL_NAME = re.compile(r"hpcai-[A-Za-z0-9._-]{1,64}")
 # Run on the node by the python beside Spawner.cmd (the servers' own): the kernels a server there offers, and the
-# first of this product's started as a notebook starts it (its provisioner, the env activated), one cell run.
+# first of the site's (this host's, in argv) started as a notebook starts it (its provisioner, the env activated),
+# one cell run.
 KERNELS = """
+import sys
 from jupyter_client.kernelspec import KernelSpecManager
 specs = sorted(KernelSpecManager().find_kernel_specs())
 print("kernels=" + ",".join(specs))
-ours = [k for k in specs if k.startswith("hpcai-")]
+ours = [k for k in specs if k in sys.argv[1:]]
 if ours:
     from jupyter_client.manager import start_new_kernel
     try:
@@ -121,9 +124,13 @@ def _products_from_the_site() -> Check:
     for env_dir in EnvStore().list("site"):
         try:
             build = env_dir.current()
-            lock = build.lock() if build else None
-        except (OSError, ValueError) as err:  # an unreadable lock, or one of another shape: said, the check goes on
-            bare[env_dir.name] = f"its lock cannot be read ({type(err).__name__})"
+            manifest = build.manifest() if build else None
+            lock = build.lock() if build and manifest and manifest.kind == "conda" else None
+        except (OSError, ValueError, RecursionError, RuntimeError) as err:  # said; the check goes on
+            bare[env_dir.name] = f"its build cannot be read ({type(err).__name__})"
+            continue
+        if manifest and manifest.kind == "conda" and lock is None:
+            bare[env_dir.name] = "its lock cannot be read"
             continue
         lines = [ln for ln in (lock.pip if lock else []) if names_the_product_bare(ln)]
         bare.update({env_dir.name: f"{lines[0]}, from a package index"} if lines else {})
@@ -198,6 +205,11 @@ def _report(stdout: str) -> dict[str, str]:
     return seen
 
 
+def _site_kernels() -> dict[str, str]:
+    """This host's hpcai kernels (the site's, as an admin installed them): name -> folder."""
+    return {k: folder for k, folder in KernelSpecManager().find_kernel_specs().items() if KERNEL_NAME.fullmatch(k)}
+
+
 def _node_runs_the_servers(seen: dict[str, str], cmd: str) -> Iterator[Check]:
     """What the job saw of the servers' own software: Spawner.cmd, and the kernels a server there offers against
     the product's kernels this host has (a kernelspec in a folder of this host's own reaches no server)."""
@@ -205,7 +217,7 @@ def _node_runs_the_servers(seen: dict[str, str], cmd: str) -> Iterator[Check]:
                 "it runs" if seen.get("cmd") == "ok" else f"not there: {seen.get('cmd') or 'no answer'}",
                 "install the hub's venv on storage every node sees at the same path (or the same venv at that path "
                 "on each node), and set Spawner.cmd to its jupyterhub-singleuser")
-    here = {k: folder for k, folder in KernelSpecManager().find_kernel_specs().items() if k.startswith("hpcai-")}
+    here = _site_kernels()
     missing = sorted(set(here) - set(seen.get("kernels", "").split(",")))
     folders = sorted({str(Path(here[k]).parent) for k in missing})
     detail = (f"{len(here)} of this host's hpcai kernels, all there" if not missing else
@@ -234,14 +246,18 @@ def _job_checks(config: Any, spawner: Any, as_user: list[str], partition: str | 
               "account": profile.get("account"), "gpus_per_node": 1 if gpus else None}
     cmd = spawner.cmd[0] if spawner.cmd else "jupyterhub-singleuser"
     probe = PROBE.format(timeout=CONNECT_TIMEOUT, ip=ip, port=port, cmd=shlex.quote(cmd),
-                         python=shlex.quote(str(Path(cmd).with_name("python"))), kernels=shlex.quote(KERNELS))
+                         python=shlex.quote(str(Path(cmd).with_name("python"))), kernels=shlex.quote(KERNELS),
+                         site_kernels=shlex.join(sorted(_site_kernels())))
     where = fields["partition"] or "the default partition"
     try:
         job = scheduler.job_of_its_own({key: value for key, value in fields.items() if value})
-        # the report through head, here: the user's processes in the job write to it as well
-        done = proc.run(["bash", "-c", f'set -o pipefail; "$@" | head -c {REPORT_BYTES}', "report", *as_user, *job,
-                         "bash", "-c", probe],
-                        timeout=JOB_WAIT, env=command_env())
+        # the report, its errors and the job's exit status through head, here: the user's processes write there too
+        done = proc.run(["bash", "-c", f'{{ "$@" 2>&1; echo "job-exit=$?"; }} | head -c {REPORT_BYTES}', "report",
+                         *as_user, *job, "bash", "-c", probe], timeout=JOB_WAIT, env=command_env())
+        ended = done.stdout.rstrip("\n").rpartition("\n")[2]
+        if ended != "job-exit=0":
+            raise HPCAIError(f"the job failed: {' | '.join(done.stdout.splitlines()[-6:])[-600:]}"
+                             if ended.startswith("job-exit=") else f"its report went past {REPORT_BYTES} bytes")
     except HPCAIError as err:
         yield Check("a small job on a node", False, err.message,
                     f"check that {spawner.user.name} can run jobs on {where}; where its nodes are busy, run the "

