@@ -98,6 +98,9 @@ _ROWS = [
              "the site's env roots, colon-separated (default: the config's envs.site_roots, else /opt/hpcai/envs)"),
     Variable("HPCAI_ENV_ROOT", ("user", "tests"), ("hub", "server", "kernel", "cli"),
              "the user's own env root, where builds go (default ~/.local/share/hpcai/envs)"),
+    Variable("HPCAI_PRODUCT", ("admin", "user", "cli"), ("cli",),
+             "what a recipe's ${HPCAI_PRODUCT} installs (a wheel's path or URL; default: the site config's "
+             "envs.product, else the wheel or checkout this install came from); a build job gets it from its CLI"),
     Variable("HPCAI_CACHE_DIR", ("user", "bench", "tests"), ("cli",),
              "download and compiled-wheel caches of env builds (default ~/.cache/hpcai)"),
     Variable("HPCAI_PIP_INSTALLER", ("admin", "user"), ("cli",),
