@@ -210,14 +210,13 @@ def _site_kernels() -> dict[str, str]:
     return {k: folder for k, folder in KernelSpecManager().find_kernel_specs().items() if KERNEL_NAME.fullmatch(k)}
 
 
-def _node_runs_the_servers(seen: dict[str, str], cmd: str) -> Iterator[Check]:
+def _node_runs_the_servers(seen: dict[str, str], cmd: str, here: dict[str, str]) -> Iterator[Check]:
     """What the job saw of the servers' own software: Spawner.cmd, and the kernels a server there offers against
     the product's kernels this host has (a kernelspec in a folder of this host's own reaches no server)."""
     yield Check(f"a node runs Spawner.cmd ({cmd})", seen.get("cmd") == "ok",
                 "it runs" if seen.get("cmd") == "ok" else f"not there: {seen.get('cmd') or 'no answer'}",
                 "install the hub's venv on storage every node sees at the same path (or the same venv at that path "
                 "on each node), and set Spawner.cmd to its jupyterhub-singleuser")
-    here = _site_kernels()
     missing = sorted(set(here) - set(seen.get("kernels", "").split(",")))
     folders = sorted({str(Path(here[k]).parent) for k in missing})
     detail = (f"{len(here)} of this host's hpcai kernels, all there" if not missing else
@@ -245,9 +244,10 @@ def _job_checks(config: Any, spawner: Any, as_user: list[str], partition: str | 
     fields = {"name": "hpcai-site-check", "nodes": 1, "time": "00:03:00", "partition": profile.get("partition"),
               "account": profile.get("account"), "gpus_per_node": 1 if gpus else None}
     cmd = spawner.cmd[0] if spawner.cmd else "jupyterhub-singleuser"
+    here = _site_kernels()  # this host's: the node's server should offer them, and one is started there
     probe = PROBE.format(timeout=CONNECT_TIMEOUT, ip=ip, port=port, cmd=shlex.quote(cmd),
                          python=shlex.quote(str(Path(cmd).with_name("python"))), kernels=shlex.quote(KERNELS),
-                         site_kernels=shlex.join(sorted(_site_kernels())))
+                         site_kernels=shlex.join(sorted(here)))
     where = fields["partition"] or "the default partition"
     try:
         job = scheduler.job_of_its_own({key: value for key, value in fields.items() if value})
@@ -264,7 +264,7 @@ def _job_checks(config: Any, spawner: Any, as_user: list[str], partition: str | 
                     "check where jobs start at once: hpcai site check ... --partition debug")
         return
     seen = _report(done.stdout)
-    yield from _node_runs_the_servers(seen, cmd)
+    yield from _node_runs_the_servers(seen, cmd, here)
     reached = seen.get("hub") in ("connected", "refused")
     yield Check(f"a node reaches the hub's API at {ip}:{port}", reached,
                 {"connected": "the hub answers", "refused": "the host answers (the hub is not running now)"}.get(
