@@ -113,6 +113,9 @@ _ROWS = [
              "comma-separated name patterns a container never sees, added to the built-in secret patterns"),
     Variable("HPCAI_CONTAINER_SLURM_PATHS", ("admin",), ("server", "rank", "cli"),
              "host paths the Slurm client needs in a container, colon-separated (default: found beside Slurm's config)"),
+    Variable("HPCAI_HOST_LIBRARY_PATH", ("server", "kernel", "rank", "cli"), ("kernel", "rank"),
+             "inside a container: the host's library folders, as bound there, for the host's Slurm client (the "
+             "wrappers in /.hpcai/bin run it with them); set at each container's start"),
     Variable("HPCAI_SCHEDULER", ("admin",), ("hub", "server", "kernel", "rank", "batch", "cli", "bench"),
              "the scheduler the site runs, a name of scheduler.SCHEDULERS (default slurm): the hub's, passed on to "
              "the jobs (Spawner.env_keep)"),

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -55,8 +56,61 @@ def image() -> Path:
 
 @pytest.fixture(scope="module")
 def deb(udocker: dict[str, str], image: Path, env_store: EnvStore) -> EnvDir:
-    import_container(str(image), "deb", store=env_store)
+    """Imported with only the system's folders on PATH: where the suite's Slurm is another (24.11 in a prefix), the
+    kernels then start where a site has upgraded or moved Slurm since the import, and still reach it."""
+    saved = os.environ["PATH"]
+    os.environ["PATH"] = "/usr/sbin:/usr/bin:/sbin:/bin"
+    try:
+        import_container(str(image), "deb", store=env_store)
+    finally:
+        os.environ["PATH"] = saved
     return env_store.env("deb")
+
+
+def test_the_host_slurm_client_is_bound_as_found_at_each_start(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing of the host's Slurm is kept in an env: the wrappers are the package's, the same everywhere, and each
+    start binds the srun on PATH then, and its library folder first (its libslurmfull, never another version's)."""
+    from jupyter_hpcai.scheduler.slurm import client
+
+    prefix = tmp_path / "slurm-99"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "lib" / "slurm").mkdir(parents=True)
+    shutil.copy("/bin/true", prefix / "bin" / "srun")
+    monkeypatch.setenv("PATH", f"{prefix / 'bin'}:/usr/bin:/bin")
+    binds = client.host_client_binds()
+    assert f"{client.WRAPPERS}:{client.HOST_BIN}" in binds
+    assert f"{prefix / 'bin' / 'srun'}:/.hpcai/host/bin/srun" in binds  # the srun on PATH now
+    library_path = client.host_client_environ()[client.LIBRARY_PATH_VAR].split(":")
+    assert library_path[0] == f"/.hpcai/host{prefix / 'lib' / 'slurm'}"
+    assert f"{prefix / 'lib' / 'slurm'}:/.hpcai/host{prefix / 'lib' / 'slurm'}" in binds
+    for name in client.SLURM_CLIENT:
+        wrapper = client.WRAPPERS / name
+        assert os.access(wrapper, os.X_OK), wrapper
+        assert wrapper.read_text().splitlines()[-1] == (f'exec /.hpcai/host/ld.so --library-path '
+                                                        f'"${client.LIBRARY_PATH_VAR}" /.hpcai/host/bin/{name} "$@"')
+
+
+def test_a_set_written_by_the_hosts_python_loads_where_the_entry_point_is_missing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ipyparallel names our launcher by its entry point ("hpcai") in the cluster file; a container's python has
+    our code on PYTHONPATH but not its entry points, and still stops a set the host's python wrote (CI: a container
+    kernel's %hpc start failed on one)."""
+    import ipyparallel as ipp
+    import ipyparallel.traitlets
+
+    from jupyter_hpcai.engines import listing
+    from jupyter_hpcai.engines.launch import RankSetLauncher
+
+    cluster = ipp.Cluster(engine_launcher_class=RankSetLauncher, cluster_id="hpcai-7-1-0", profile_dir=str(tmp_path))
+    data = cluster.to_dict()
+    assert data["engines"]["class"] == "hpcai"  # as the host's python writes it
+    file = tmp_path / "cluster-hpcai-7-1-0.json"
+    file.write_text(json.dumps(data))
+    monkeypatch.setattr(ipyparallel.traitlets, "entry_points", lambda **_: [])  # as in the container
+    with pytest.raises(Exception, match="could not be imported"):
+        ipp.Cluster.from_file(str(file))
+    assert listing.EngineSet(file, data, {}).cluster().engine_launcher_class is RankSetLauncher
 
 
 def _cli(*args: str, store: EnvStore, variables: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -314,7 +368,6 @@ def test_a_researcher_without_root(devcluster, image: Path) -> None:  # type: ig
     """The path as an unprivileged user (no --allow-root, udocker in her own folder): import, a kernel in a
     2-node job, 4 container ranks and an mpi4py allreduce."""
     import pwd
-    import shutil
     import tempfile
 
     from helpers.hub import USER

@@ -21,6 +21,7 @@ from ..ranks import telemetry
 from ..scheduler.allocation import JOB_STATE_VAR
 
 PROCESSES = "engines"  # in the job's private folder: one file per set, the pids the batch shell stops at its exit
+RANK_SET_NAMES = ("hpcai", "jupyter_hpcai.engines.launch:ranksetlauncher")  # how ipyparallel writes our launcher
 SET_ID = re.compile(r"hpcai-[\w.-]+")  # Engines' cluster ids: never a path
 
 
@@ -123,7 +124,13 @@ class EngineSet:
         """The ipyparallel Cluster (it watches the processes it finds running)."""
         import ipyparallel as ipp
 
-        return ipp.Cluster.from_file(str(self.file))
+        from .launch import RankSetLauncher
+
+        data = json.loads(self.file.read_text())
+        engines = data.get("engines") or {}
+        if str(engines.get("class", "")).lower() in RANK_SET_NAMES:  # the entry point a container's python lacks
+            engines["class"] = RankSetLauncher
+        return ipp.Cluster.from_dict(data, cluster_file=str(self.file))
 
     def client(self, timeout: float) -> Any:
         import ipyparallel as ipp

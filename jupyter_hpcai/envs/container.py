@@ -109,12 +109,12 @@ class ContainerEnv(BuiltEnv):
         import jupyter_hpcai
 
         binds = [str(Path.home()), "/tmp", str(Path.cwd()), *self.manifest.binds, *extra_binds, *client.client_paths(),
-                 *client.host_client_binds(), f"{self.build.prefix / 'hostbin'}:{client.HOST_BIN}",
-                 f"{Path(jupyter_hpcai.__file__).parent}:{LIB}/jupyter_hpcai"]
+                 *client.host_client_binds(), f"{Path(jupyter_hpcai.__file__).parent}:{LIB}/jupyter_hpcai"]
         path = [client.HOST_BIN, *([str(Path(self.python).parent)] if self.python.startswith("/") else []), SYSTEM_PATH]
         return [*self.settings.base, "run", "--nobanner", "--hostenv", "--hostauth", f"--user={os.getuid()}:{os.getgid()}",
                 *(f"--volume={b}" for b in dict.fromkeys(binds)), f"--workdir={Path.cwd()}",
-                f"--env=PATH={':'.join(path)}", f"--env=PYTHONPATH={LIB}", self.container]
+                f"--env=PATH={':'.join(path)}", f"--env=PYTHONPATH={LIB}",
+                *(f"--env={k}={v}" for k, v in client.host_client_environ().items()), self.container]
 
     def argv(self, cmd: Sequence[str], binds: Sequence[str] = ()) -> list[str]:
         """``cmd`` (a python command line) run by the image's python in the container."""
@@ -207,7 +207,6 @@ def import_container(source: str, name: str, *, store: EnvStore | None = None, m
                                  "executables (UDOCKER_USE_PROOT_EXECUTABLE, UDOCKER_USE_RUNC_EXECUTABLE)")
             if Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists():
                 settings.udocker_run(["setup", "--nvidia", manifest.container], timeout=600)
-            client.write_wrappers(build.prefix / "hostbin")
             manifest.inside = look_inside(ContainerEnv(env_dir, build, manifest))
             write_atomic(build.meta / "manifest.json", manifest)
         except BaseException:

@@ -155,13 +155,13 @@ class JobEnvironment(Protocol):
 
 
 class ContainerClient(Protocol):
-    """The host's scheduler client inside a container: what to bind, and the wrappers that run it there."""
+    """The host's scheduler client inside a container: what to bind, and what the wrappers that run it there read."""
 
     HOST_BIN: str  # the folder of wrappers, inside the container
 
     def client_paths(self, environ: dict[str, str] | None = None) -> list[str]: ...  # the client's files on the host
-    def host_client_binds(self) -> list[str]: ...  # udocker --volume values for them
-    def write_wrappers(self, folder: Path) -> None: ...
+    def host_client_binds(self) -> list[str]: ...  # udocker --volume values: the wrappers, programs and libraries
+    def host_client_environ(self) -> dict[str, str]: ...  # variables the wrappers read inside
 
 
 class SiteFacts(Protocol):

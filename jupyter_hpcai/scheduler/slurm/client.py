@@ -11,8 +11,10 @@ from pathlib import Path
 
 from . import environment
 
-HOST = "/.hpcai/host"  # the host's Slurm client: its programs, loader and libraries, bound at their host paths below
-HOST_BIN = "/.hpcai/bin"  # wrappers that run the host's srun, scontrol... inside the container
+HOST = "/.hpcai/host"  # the host's Slurm client inside: ld.so, bin/srun..., its library folders at their host paths
+HOST_BIN = "/.hpcai/bin"  # the wrappers that run the host's srun, scontrol... inside the container
+WRAPPERS = Path(__file__).parent / "hostbin"  # they: the same for every env and host, bound at HOST_BIN
+LIBRARY_PATH_VAR = "HPCAI_HOST_LIBRARY_PATH"  # the library folders under HOST, for the wrappers' loader
 SLURM_CLIENT = ("srun", "scontrol", "squeue", "sinfo", "scancel", "sbatch")
 # Where Slurm clients find their libraries and plugins, config and munge socket on common installations.
 SLURM_LIBS = ("/usr/lib64/slurm", "/usr/lib/slurm", "/usr/lib/x86_64-linux-gnu/slurm-wlm", "/usr/lib/x86_64-linux-gnu/slurm")
@@ -20,11 +22,6 @@ SLURM_CONF_DIRS = ("/etc/slurm", "/etc/slurm-llnl")
 MUNGE_SOCKET = "/run/munge/munge.socket.2"
 SYSTEM_LIBS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
                "/lib64", "/usr/lib64")
-_WRAPPER = """#!/bin/sh
-# {name} of the host, run with the host's loader and libraries (whatever C library the image has)
-H={host}
-exec $H{loader} --library-path {libs} $H{exe} "$@"
-"""
 
 
 def _slurm_libs() -> list[str]:
@@ -67,21 +64,19 @@ def _host_client() -> tuple[str | None, list[str], dict[str, str]]:
 
 
 def host_client_binds() -> list[str]:
-    """Binds for the host's Slurm client under HOST: its loader, library folders and programs, nothing else."""
-    loader, libs, programs = _host_client()
-    paths = [*libs, *([loader] if loader else []), *programs.values()]
-    inside_a_lib = [p for p in paths if any(p.startswith(f"{d}/") for d in libs)]
-    return [f"{p}:{HOST}{p}" for p in dict.fromkeys(paths) if p not in inside_a_lib]
-
-
-def write_wrappers(folder: Path) -> None:
-    """sh wrappers that run the host's Slurm client from inside the container (see the module doc)."""
-    folder.mkdir()
+    """udocker binds for the host's Slurm client, found on this node now (a site that moves or upgrades Slurm
+    changes nothing in an env): the wrappers at HOST_BIN, the loader and the programs at the fixed names the
+    wrappers run, the library folders under HOST at their host paths; nothing else."""
     loader, libs, programs = _host_client()
     if loader is None:
-        return
-    for name, exe in programs.items():
-        wrapper = folder / name
-        wrapper.write_text(_WRAPPER.format(name=name, host=HOST, loader=loader, libs=":".join(f"$H{d}" for d in libs),
-                                           exe=exe))
-        wrapper.chmod(0o755)
+        return []
+    nested = [d for d in libs if any(d.startswith(f"{other}/") for other in libs)]
+    return [f"{WRAPPERS}:{HOST_BIN}", f"{loader}:{HOST}/ld.so",
+            *(f"{exe}:{HOST}/bin/{name}" for name, exe in programs.items()),
+            *(f"{d}:{HOST}{d}" for d in libs if d not in nested)]
+
+
+def host_client_environ() -> dict[str, str]:
+    """The variables the wrappers read inside the container: where the host's libraries are bound."""
+    _, libs, _ = _host_client()
+    return {LIBRARY_PATH_VAR: ":".join(f"{HOST}{d}" for d in libs)}
