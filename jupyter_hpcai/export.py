@@ -184,7 +184,7 @@ def _cell(index: int, source: str) -> Cell:
     if magic in RANK_MAGICS:
         args = parse(run_parser(magic), first[len(magic):])
         push = tuple(n.strip() for n in args.push.split(",") if n.strip())
-        return Cell(index, body, RANK_MAGICS[magic], push, "all" if args.output == "collapse" else args.output)
+        return Cell(index, body, RANK_MAGICS[magic], push, "all" if args.output in ("collapse", "auto") else args.output)
     if magic.startswith("%%"):
         raise HPCAIError(f"cell {index} is a {magic} cell, which a batch job cannot run",
                          "leave it out of the tag, or write it as Python")

@@ -9,7 +9,7 @@ import functools
 import shlex
 
 from .engines.launch import LAUNCHERS
-from .engines.output import OUTPUT_MODES
+from .engines.output import COLLAPSE_ABOVE, OUTPUT_MODES
 from .errors import HPCAIError
 from .ranks import telemetry
 from .ranks.frameworks import FRAMEWORKS
@@ -141,7 +141,8 @@ def run_parser(prog: str, script: bool = False) -> _Parser:
     parser = _Parser(prog=prog, add_help=True)
     parser.add_argument("-n", type=_positive, help="ranks (starts engines if none run)")
     parser.add_argument("--timeout", type=_seconds, help="stop the cell after this many seconds")
-    parser.add_argument("--output", choices=OUTPUT_MODES, default="all")
+    parser.add_argument("--output", choices=OUTPUT_MODES, default="auto",
+                        help=f"auto (default): every rank's lines, collapsed above {COLLAPSE_ABOVE} ranks")
     parser.add_argument("--push", default="", help="comma-separated notebook variables to send to every rank")
     parser.add_argument("-o", dest="var", help="store every rank's result in this variable (a list by rank)")
     parser.add_argument("--elastic", type=_positive, metavar="MIN", help="when ranks die and at least MIN survive, "

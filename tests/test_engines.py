@@ -160,13 +160,32 @@ def test_a_world_of_one_rank_then_four_again(world: JobKernel) -> None:
     assert world.run("sizes").result == "[4, 4, 4, 4]"
 
 
+def test_every_cell_knows_its_rank_whatever_the_framework(world: JobKernel) -> None:
+    """rank, size, local_rank and node are set on every rank as it joins: a %%px cell on engines started with no
+    framework has them (they were a NameError), as a framework's cell has its own."""
+    started = world.run("%hpc start --framework none", timeout=300)
+    assert started.status == "ok", started.error
+    cell = world.run("%%px\nprint(rank, size, local_rank, node)")
+    assert cell.status == "ok", cell.error
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", cell.stdout + "\n".join(cell.displays))  # ipyparallel colours its labels
+    said = sorted(re.findall(r"\[stdout:\d+\] (.+)", shown))
+    assert said == ["0 4 0 n1", "1 4 1 n1", "2 4 0 n2", "3 4 1 n2"], repr(cell)
+    cell = world.run("%%horovod_run\nprint(rank == hvd.rank(), node)")  # the framework's own, initialised now
+    assert cell.status == "ok", cell.error
+    assert "[rank 3 n2] True n2" in cell.stdout, cell.stdout
+
+
 def test_exception_on_some_ranks_shows_every_traceback(world: JobKernel) -> None:
     cell = world.run("%%horovod_run\ndef check(r):\n    if r % 2:\n        raise ValueError(f'bad rank {r}')\ncheck(rank)")
     assert cell.status == "error"
     for rank, host in ((1, "n1"), (3, "n2")):
         block = cell.stdout.split(f"---- rank {rank} on {host}: ValueError ----")[1]
         assert "in check" in block and f"ValueError: bad rank {rank}" in block  # the whole traceback
-    assert "2 of 4 ranks failed" in cell.error and "rank 0" not in cell.stdout.split("----")[0]
+    assert "2 of 4 ranks failed: 1 (ValueError: bad rank 1), 3 (ValueError: bad rank 3)" in cell.error
+    assert "rank 0" not in cell.stdout.split("----")[0]
+    cell = world.run("%%horovod_run\nundefined_name")  # the same failure everywhere: one traceback, its ranks
+    assert cell.status == "error" and "4 of 4 ranks failed: 0-3 (NameError" in cell.error, cell.error
+    assert cell.stdout.count("Traceback") == 1 and "---- ranks 0-3 on n1, n2: NameError ----" in cell.stdout
     assert world.run("all(r.alive for r in E.current().status())").result == "True"
 
 
@@ -400,7 +419,7 @@ def test_traceback_line_numbers_are_the_cells(world: JobKernel) -> None:
     """A raise on the cell's third line (the magic's line is the first) is reported as line 3, with its source."""
     cell = world.run("%%horovod_run\nx = 1\nraise ValueError(f'third line {x}')")
     assert cell.status == "error"
-    block = cell.stdout.split("---- rank 0 on n1: ValueError ----")[1]
+    block = cell.stdout.split("---- ranks 0-3 on n1, n2: ValueError ----")[1]  # the same on every rank: once
     assert re.search(r"line 3, in <module>\n\s+raise ValueError", block), block
     assert "line 2," not in block
 

@@ -4,6 +4,7 @@ What the user sees of it is output.py."""
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -17,12 +18,13 @@ from ..ranks.continuity import restore_all
 from ..ranks.continuity import steps as rank_steps
 from ..ranks import stacks as rank_stacks
 from ..ranks.frameworks import FRAMEWORKS
-from .output import OUTPUT_MODES, RankFailure, Streamer, Streams, Write
+from .output import OUTPUT_MODES, RankFailure, Streamer, Streams, Write, grouped, rank_ranges
 from .running_set import RunningSet
 
 CONTINUITY = "__import__('jupyter_hpcai.ranks.continuity', fromlist=['hpc'])"  # the ranks' walltime API
 # seconds the other ranks may take to fail too once one rank's framework initialisation failed; past it, they are
 # taken as waiting for it in the framework's collective start (Horovod's over MPI has no timeout)
+CELL_FILE = re.compile(r"ipykernel_\d+")  # where a rank's kernel compiles its cells: its pid, in its tracebacks
 FAILED_INIT_GRACE = 10.0
 STACKS_WITHIN = 15.0  # seconds the slow-start notice waits for the ranks' stacks (the watch pauses meanwhile)
 Outcomes = dict[int, dict[str, Any]]  # each rank's calls.run_cell report, by rank
@@ -140,9 +142,11 @@ class Cell:
         failed = {rank: o for rank, o in outcomes.items() if not o["ok"]}
         if failed:
             self.write(self.tracebacks(failed))
-            summary = ", ".join(f"{r} ({o['ename']}: {o['evalue'][:80]})" for r, o in sorted(failed.items()))
+            summary = ", ".join(f"{rank_ranges(ranks)} ({error})" for ranks, error in
+                                grouped({r: f"{o['ename']}: {o['evalue'][:80]}" for r, o in failed.items()}))
             raise RankFailure(f"{len(failed)} of {len(outcomes)} ranks failed: {summary}",
-                              "the tracebacks above show each failing rank; the engines are still running", outcomes)
+                              "the tracebacks above show each failing rank (ranks that failed alike under one); "
+                              "the engines are still running", outcomes)
         return {rank: o["value"] for rank, o in outcomes.items()}
 
     def _request(self, code: str, first_line: int, push: dict[str, Any] | None, setup: Callable[[], Any] | None,
@@ -242,9 +246,18 @@ class Cell:
                          if msg_id in outstanding)
 
     def tracebacks(self, failed: Outcomes) -> str:
-        """Each failing rank's traceback under a line naming the rank, its host and the error."""
-        return "".join(f"---- rank {rank} on {self.world.ranks[rank].host}: {o['ename']} ----\n{o['traceback']}"
-                       for rank, o in sorted(failed.items()))
+        """Each distinct traceback once, under a line naming its ranks (the rank and its host, or the ranks' ranges
+        and nodes) and the error."""
+        alike = grouped({r: CELL_FILE.sub("ipykernel", o["traceback"]) for r, o in failed.items()})
+        return "".join(f"---- {self.who(ranks)}: {failed[ranks[0]]['ename']} ----\n{failed[ranks[0]]['traceback']}"
+                       for ranks, _ in alike)
+
+    def who(self, ranks: list[int]) -> str:
+        """``rank 3 on n2``, or ``ranks 0-63 on n1-n8`` style: ranges of ranks, and their nodes (how many, past 4)."""
+        if len(ranks) == 1:
+            return f"rank {ranks[0]} on {self.world.ranks[ranks[0]].host}"
+        hosts = list(dict.fromkeys(self.world.ranks[r].host for r in ranks))
+        return f"ranks {rank_ranges(ranks)} on {', '.join(hosts) if len(hosts) <= 4 else f'{len(hosts)} nodes'}"
 
     def where_stuck(self, timeout: float = 60) -> str:
         """The ranks' grouped stacks for an error message, or why there are none."""

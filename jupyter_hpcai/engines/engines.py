@@ -266,7 +266,7 @@ class Engines(Elastic):
 
     # --- cells --------------------------------------------------------------------------------------------
     def run(self, code: str, *, framework: str | None = "horovod", timeout: float | None = None,
-            output: str = "all", push: dict[str, Any] | None = None, write: Write | None = None,
+            output: str = "auto", push: dict[str, Any] | None = None, write: Write | None = None,
             first_line: int = 1, elastic: int | None = None) -> dict[int, Any]:
         """Run ``code`` on every rank and return each rank's value of the cell's last expression (cells.py).
 

@@ -1,17 +1,47 @@
-"""What a cell run on the ranks shows the user: each rank's output as prefixed lines (three modes), and the
-error that carries every rank's outcome. cells.py runs the cell."""
+"""What a cell run on the ranks shows the user: each rank's output as prefixed lines (three modes: ``auto``, the
+default, collapses above COLLAPSE_ABOVE ranks), failures grouped by identical traceback, and the error that carries
+every rank's outcome. cells.py runs the cell."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import HPCAIError
 
-OUTPUT_MODES = ("all", "rank0", "collapse")
+OUTPUT_MODES = ("auto", "all", "rank0", "collapse")
+HOLD = 1.0  # seconds collapse holds a rank's line back, waiting for the other ranks' next lines
+COLLAPSE_ABOVE = 8  # ranks: ``auto`` shows every rank's lines up to this world, and collapses above it
 Write = Callable[[str], None]
+
+
+def resolved(mode: str, ranks: int) -> str:
+    """The mode a cell of ``ranks`` ranks shows its output in (``auto``: all, or collapse above COLLAPSE_ABOVE)."""
+    if mode != "auto":
+        return mode
+    return "collapse" if ranks > COLLAPSE_ABOVE else "all"
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """Ranks as ranges, as Slurm writes a node list: 0-3,5,7-9."""
+    spans: list[list[int]] = []
+    for rank in sorted(set(ranks)):
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def grouped(values: Mapping[int, str]) -> list[tuple[list[int], str]]:
+    """The ranks with identical ``values``, each group once, in the order of its first rank."""
+    groups: dict[str, list[int]] = {}
+    for rank in sorted(values):
+        groups.setdefault(values[rank], []).append(rank)
+    return [(ranks, value) for value, ranks in groups.items()]
 
 
 class RankFailure(HPCAIError):
@@ -27,7 +57,7 @@ Streams = dict[int, tuple[str, str]]  # each rank's stdout and stderr so far, by
 
 @dataclass
 class Streamer:
-    """Turns each rank's growing stdout and stderr into prefixed lines, in one of three modes. The two streams are
+    """Turns each rank's growing stdout and stderr into prefixed lines, in one of OUTPUT_MODES. The two streams are
     read apart (each keeps its own unfinished line), so a line of one never splits a line of the other."""
 
     ranks: list[Any]  # running_set.Rank: host by rank
@@ -36,9 +66,18 @@ class Streamer:
     _seen: dict[tuple[int, int], int] = field(default_factory=dict)  # (rank, stream): characters already read
     _partial: dict[tuple[int, int], str] = field(default_factory=dict)  # (rank, stream): its unfinished line
     _pending: dict[int, list[str]] = field(default_factory=dict)
+    _held_since: float | None = None  # collapse: when the oldest line it holds back came
+
+    def __post_init__(self) -> None:
+        self.mode = resolved(self.mode, len(self.ranks))
 
     def prefix(self, rank: int) -> str:
         return f"[rank {rank} {self.ranks[rank].host}] "
+
+    def group_prefix(self, ranks: list[int]) -> str:
+        if len(ranks) == 1:
+            return self.prefix(ranks[0])
+        return f"[all {len(ranks)} ranks] " if len(ranks) == len(self.ranks) else f"[ranks {rank_ranges(ranks)}] "
 
     def feed(self, texts: Streams, final: bool = False) -> None:
         for rank, streams in texts.items():
@@ -56,13 +95,17 @@ class Streamer:
         out: list[str] = []
         if self.mode == "collapse":
             everyone = [self._pending.setdefault(r.rank, []) for r in self.ranks]
-            while all(everyone):  # every rank has a next line: fold it when all agree
-                heads = [lines.pop(0) for lines in everyone]
-                if len(set(heads)) == 1:
-                    out.append(f"[all {len(heads)} ranks] {heads[0]}")
-                else:
-                    out += [self.prefix(r.rank) + h for r, h in zip(self.ranks, heads)]
-        if self.mode != "collapse" or final:  # collapse holds lines back until the other ranks catch up
+            while all(everyone):  # every rank has a next line: one line per distinct text, with its ranks
+                heads = {r.rank: lines.pop(0) for r, lines in zip(self.ranks, everyone)}
+                out += [self.group_prefix(ranks) + line for ranks, line in grouped(heads)]
+            held = any(everyone)
+            self._held_since = (self._held_since or time.monotonic()) if held else None
+            if held and (final or time.monotonic() - self._held_since > HOLD):  # the others print less (rank 0's own)
+                while any(everyone):
+                    heads = {r.rank: lines.pop(0) for r, lines in zip(self.ranks, everyone) if lines}
+                    out += [self.group_prefix(ranks) + line for ranks, line in grouped(heads)]
+                self._held_since = None
+        if self.mode != "collapse" or final:  # collapse holds lines back (HOLD at most) for the others to catch up
             for rank in sorted(self._pending):
                 if self.mode != "rank0" or rank == 0:
                     out += [self.prefix(rank) + line for line in self._pending[rank]]

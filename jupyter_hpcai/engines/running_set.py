@@ -145,7 +145,7 @@ class RunningSet:
         """One round trip: who each engine is and the versions the preflight compares (kept), each rank's boot
         timeline and the frameworks the ranks initialised, each with the one it keeps at rest (returned)."""
         ids = list(self.connected.ids)
-        infos = self.connected[ids].apply_sync(calls.rank_info, list(DISTRIBUTIONS))
+        infos = self.connected[ids].apply_sync(calls.join, list(DISTRIBUTIONS))
         ranks = sorted(((Rank(i["rank"], i["host"], i["gpu"], i["pid"], eid, i["addr"], job=i["job"]), i)
                         for eid, i in zip(ids, infos)), key=lambda pair: (pair[0].rank, pair[0].engine_id))
         if [r.rank for r, _ in ranks] != list(range(len(ranks))):  # no MPI rank (local launcher without MPI)
@@ -164,8 +164,8 @@ class RunningSet:
         return sorted(set(self.connected.ids) - known)
 
     def identify(self, engine_ids: list[int]) -> dict[int, dict[str, Any]]:
-        """What each engine says it is (calls.rank_info), by engine id."""
-        infos = self.connected[engine_ids].apply_sync(calls.rank_info, list(DISTRIBUTIONS))
+        """What each engine says it is (calls.join), by engine id."""
+        infos = self.connected[engine_ids].apply_sync(calls.join, list(DISTRIBUTIONS))
         return dict(zip(engine_ids, infos))
 
     def adopt(self, infos: dict[int, dict[str, Any]]) -> None:
@@ -220,6 +220,7 @@ class RunningSet:
             if number.isdigit() and int(number) >= len(ranks):
                 stale.unlink(missing_ok=True)
         self.write_rank_table()
+        point_px_at(self)
 
     def stop(self) -> None:
         """Stop the engines and the controller, and remove the set's folder."""
@@ -332,3 +333,14 @@ class RunningSet:
     def samples(self) -> list[telemetry.Sample]:
         """Every rank's latest telemetry (read from the set's folder: nothing asks the ranks)."""
         return telemetry.read(self.folder)
+
+
+def point_px_at(world: RunningSet) -> None:
+    """``%px`` and ``%%px`` run on ``world``'s ranks, in rank order, blocking: ipyparallel points them at the first
+    client of a kernel only, which a restart closes ("Client cannot be used after its sockets have been closed")."""
+    from IPython import get_ipython
+
+    if get_ipython() is not None:
+        view = world.view()
+        view.block = True
+        view.activate()

@@ -30,7 +30,7 @@ from . import listing
 from .controller import command as tied_controller
 from .launch import LAUNCHERS, Layout, RankSetLauncher
 from .report import exited, launcher_said, printed
-from .running_set import Grown, RunningSet, Timeline, controller_ip
+from .running_set import Grown, RunningSet, Timeline, controller_ip, point_px_at
 
 scheduler = chosen()
 environment = chosen().environment
@@ -104,6 +104,7 @@ def launch(world: RunningSet, allocation: Allocation | None, timeout: float, pro
     timeline.mark("all registered", max(registered.values()))
     rank_timelines, _ = world.read_ranks()
     world.write_rank_table()
+    point_px_at(world)
     timeline.ranks_reached(rank_timelines)
     timeline.mark("rank table + preflight data")
 
@@ -140,6 +141,7 @@ def attach(allocation: Allocation | None, job: str, cluster_id: str | None, time
     world.grown = {job: Grown(*counts) for job, counts in found.table.get("grown", {}).items()}
     world.changes = 1  # the launch's rendezvous (Horovod's) lived in the kernel that started the set
     world.write_rank_table(owners=listing.live_owners(found.table))
+    point_px_at(world)
     return world
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from ..network import LOOPBACK
 from ..scheduler import chosen
 from .framework import Framework, Handles
-from .identity import LOCAL_RANK_VARS, RANK_VARS, first_int, host_name
+from .identity import LOCAL_RANK_VARS, RANK_VARS, SIZE_VARS, first_int, host_name
 
 environment = chosen().environment
 
@@ -86,6 +86,16 @@ def rank_info(distributions: list[str] | None = None) -> dict[str, Any]:
             "pid": os.getpid(), "job": environment.job_id(os.environ) or "local",
             "versions": versions(distributions or []), "timeline": dict(timeline),
             "framework": _initialised.name if _initialised else None, "resting": _resting}
+
+
+def join(distributions: list[str] | None = None) -> dict[str, Any]:
+    """On a rank as it joins a set (and after its world re-forms): its identity into the namespace, so that every
+    cell has ``rank``, ``size``, ``local_rank`` and ``node`` whatever the framework (``%%px`` too; a framework's
+    init sets its own after); what ``rank_info`` says."""
+    info = rank_info(distributions)
+    _user_ns().update(rank=info["rank"], size=first_int(os.environ, SIZE_VARS, 1), local_rank=info["local_rank"],
+                      node=info["host"])
+    return info
 
 
 def versions(distributions: list[str]) -> dict[str, Any]:

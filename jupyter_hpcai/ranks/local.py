@@ -25,8 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import IO
 
 from ..scheduler import chosen
-from .identity import LOCAL_RANK_VARS, LOCAL_SIZE_VARS, RANK_VARS
-from .world import SIZE_VARS
+from .identity import LOCAL_RANK_VARS, LOCAL_SIZE_VARS, RANK_VARS, SIZE_VARS
 
 environment = chosen().environment
 

@@ -13,12 +13,11 @@ import os
 from collections.abc import MutableMapping
 
 from ..scheduler import chosen
-from .identity import LOCAL_RANK_VARS, LOCAL_SIZE_VARS, RANK_VARS, WORLD, first_int
+from .identity import LOCAL_RANK_VARS, LOCAL_SIZE_VARS, RANK_VARS, SIZE_VARS, WORLD, first_int
 
 environment = chosen().environment
 
 OFFSET = "HPCAI_RANK_OFFSET"
-SIZE_VARS = (WORLD["size"], "OMPI_COMM_WORLD_SIZE", environment.TASKS, "PMI_SIZE", "HPCAI_SIZE")  # as identity.py's
 _changes = 0  # re-formings of this rank's world
 _told = 0  # the re-formings a cell was told of (world_changed)
 
@@ -39,6 +38,7 @@ def assign(rank: int, size: int, local_rank: int, local_size: int) -> None:
                        WORLD["local_size"]: str(local_size)})
     telemetry.renumber(rank)
     calls.forget_framework()
+    calls.join()  # the names every cell has
     _changes += 1
 
 

@@ -1,0 +1,66 @@
+"""What a cell on many ranks shows (engines/output.py, cells.py): lines every rank prints once with the ranks'
+ranges, failures grouped by identical traceback. The engines' own test (test_engines) runs them on real ranks; here
+the kernel's side alone, on 128 ranks of 16 stand-in nodes (what a person reads does not depend on the transport)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from jupyter_hpcai.engines.cells import Cell
+from jupyter_hpcai.engines.output import COLLAPSE_ABOVE, HOLD, Streamer, rank_ranges
+
+RANKS = [SimpleNamespace(rank=r, host=f"n{r // 8 + 1}") for r in range(128)]
+
+
+def _stream(ranks: list[SimpleNamespace], texts: dict[int, str], mode: str = "auto") -> list[str]:
+    out: list[str] = []
+    Streamer(ranks, mode, out.append).feed({r: (t, "") for r, t in texts.items()}, final=True)
+    return "".join(out).splitlines()
+
+
+def test_rank_ranges_read_as_a_node_list() -> None:
+    assert rank_ranges([7, 0, 1, 2, 3, 5, 8, 9]) == "0-3,5,7-9"
+    assert rank_ranges([4]) == "4"
+
+
+def test_a_large_world_collapses_identical_lines_and_groups_the_others_by_content() -> None:
+    lines = _stream(RANKS, {r: f"epoch 1\nloss {0.31 if r < 64 else 0.42}\nrank {r} done\n" for r in range(128)})
+    assert lines[:3] == ["[all 128 ranks] epoch 1", "[ranks 0-63] loss 0.31", "[ranks 64-127] loss 0.42"]
+    assert lines[3:5] == ["[rank 0 n1] rank 0 done", "[rank 1 n1] rank 1 done"] and len(lines) == 3 + 128
+
+
+def test_a_small_world_shows_every_ranks_lines_unless_asked() -> None:
+    small = RANKS[:COLLAPSE_ABOVE]
+    assert _stream(small, {r: "same\n" for r in range(len(small))}) == [f"[rank {r} n1] same" for r in range(8)]
+    assert _stream(small, {r: "same\n" for r in range(len(small))}, "collapse") == ["[all 8 ranks] same"]
+    assert _stream(RANKS, {r: "same\n" for r in range(128)}, "all")[:2] == ["[rank 0 n1] same", "[rank 1 n1] same"]
+
+
+def test_a_line_only_rank_0_prints_is_held_back_no_longer_than_a_moment() -> None:
+    """Collapse waits for the other ranks' next line; a line they never print (rank 0's progress) still shows."""
+    out: list[str] = []
+    streamer = Streamer(RANKS, "auto", out.append)
+    streamer.feed({0: ("step 1 of 100\n", "")})
+    assert out == []  # the others may be about to print it too
+    time.sleep(HOLD + 0.1)
+    streamer.feed({0: ("step 1 of 100\n", "")})
+    assert out == ["[rank 0 n1] step 1 of 100\n"]
+
+
+def _failure(name: str, message: str, where: str) -> dict[str, object]:
+    return {"ok": False, "ename": name, "evalue": message,
+            "traceback": f"Traceback (most recent call last):\n  File \"{where}\", line 1\n{name}: {message}\n"}
+
+
+def test_failures_group_by_identical_traceback_with_the_first_shown_in_full() -> None:
+    cell = Cell(SimpleNamespace(ranks=RANKS), lambda _: None, None, lambda: None)  # type: ignore[arg-type]
+    failed = {r: _failure("NameError", "name 'x' is not defined", f"/tmp/ipykernel_{4000 + r}/1.py")
+              for r in range(127)}  # each rank's kernel compiles its cells in a folder named by its pid
+    failed[127] = _failure("ValueError", "bad rank 127", "/tmp/ipykernel_4127/1.py")
+    text = cell.tracebacks(failed)
+    assert text.count("Traceback (most recent call last)") == 2
+    assert text.startswith("---- ranks 0-126 on 16 nodes: NameError ----\nTraceback")
+    assert "ipykernel_4000/" in text  # the first of the group, in full
+    assert "---- rank 127 on n16: ValueError ----" in text
+    assert cell.who([0, 1, 8, 9]) == "ranks 0-1,8-9 on n1, n2"
