@@ -37,8 +37,16 @@ environment = chosen().environment
 
 Progress = Callable[[int, int], None]  # (engines registered, engines wanted)
 # Heartbeats every 250 ms (a new engine registers at the first beat it answers); 20 misses (5 s) before an
-# engine counts as dead, as before.
+# engine counts as dead, as before. Between its registration and its first beat an engine builds its kernel: 128
+# ranks on 2 cores took 30-45 s there, past ipyparallel's default registration timeout (30 s), after which the
+# controller ignored their hearts for good ("heartbeat::ignoring new heart") and none of them joined; so a
+# registration waits as long as the start does (registration_args).
 CONTROLLER_ARGS = ["--HeartMonitor.period=250", "--HeartMonitor.max_heartmonitor_misses=20"]
+
+
+def registration_args(timeout: float) -> list[str]:
+    """The controller's arguments for a start that waits ``timeout`` seconds for its engines."""
+    return [*CONTROLLER_ARGS, f"--IPController.registration_timeout={max(30, int(timeout))}"]
 _start_ids = itertools.count()
 # a rank's task ended, as the scheduler's step says it and the local launcher
 TASK_ENDED = re.compile(rf"^(?:{scheduler.TASK_ENDED}|hpcai-local: error: rank \d+): ", re.M)
@@ -66,7 +74,7 @@ def prepare(allocation: Allocation | None, job: str, layout: Layout, warm: str |
     listens = controller_ip(allocation)
     cluster = ipp.Cluster(n=layout.n, engine_launcher_class=RankSetLauncher, controller_ip=listens,
                           cluster_id=cluster_id, config=config, engine_timeout=int(timeout), log_level=40,
-                          controller_args=CONTROLLER_ARGS, send_engines_connection_env=False,
+                          controller_args=registration_args(timeout), send_engines_connection_env=False,
                           shutdown_atexit=goes_with_kernel)
     # the set's folder sits in the profile, which every node reads already (the connection file); the
     # command names it, so it is set once the cluster knows its profile
