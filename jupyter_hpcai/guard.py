@@ -18,8 +18,10 @@ from collections.abc import Callable
 from typing import Any
 
 from .engines import Engines
+from .engines.output import grouped
 from .errors import HPCAIError
 from .ranks.continuity import describe
+from .ranks.identity import rank_ranges
 from .scheduler import allocation, chosen
 
 environment = chosen().environment
@@ -123,30 +125,17 @@ class WalltimeGuard:
 def report(reports: dict[int, dict[str, Any]]) -> str:
     """The ranks' walltime reports, ranks with the same words on one line (with the slowest rank's time)."""
     slowest = max((found["seconds"] for found in reports.values()), default=0.0)
-    return grouped({rank: describe({**found, "seconds": slowest}) for rank, found in reports.items()})
+    return hpcai_lines({rank: describe({**found, "seconds": slowest}) for rank, found in reports.items()})
 
 
 def restored(reports: dict[int, dict[str, Any]]) -> str:
     """What ``Engines.restore`` loaded on each rank, ranks with the same outcome on one line."""
-    return grouped({rank: f"resumed at step {found['step']} from {', '.join(found['restored'])}" if found["restored"]
-                    else f"nothing restored: {found['missing']}" for rank, found in reports.items()})
+    return hpcai_lines({rank: f"resumed at step {found['step']} from {', '.join(found['restored'])}"
+                        if found["restored"] else f"nothing restored: {found['missing']}"
+                        for rank, found in reports.items()})
 
 
-def grouped(words: dict[int, str]) -> str:
+def hpcai_lines(words: dict[int, str]) -> str:
     """One ``hpcai: ranks 0-2: ...`` line per distinct text, in rank order."""
-    groups: dict[str, list[int]] = {}
-    for rank, text in sorted(words.items()):
-        groups.setdefault(text, []).append(rank)
     return "".join(f"hpcai: rank{'s' if len(ranks) > 1 else ''} {rank_ranges(ranks)}: {text}\n"
-                   for text, ranks in groups.items())
-
-
-def rank_ranges(ranks: list[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2,5"."""
-    spans: list[list[int]] = []
-    for rank in ranks:
-        if spans and rank == spans[-1][1] + 1:
-            spans[-1][1] = rank
-        else:
-            spans.append([rank, rank])
-    return ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in spans)
+                   for ranks, text in grouped(words))

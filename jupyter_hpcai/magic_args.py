@@ -104,8 +104,12 @@ def hpc_parser() -> _Parser:
     attach.add_argument("cluster_id", nargs="?", help="which set (default: the only one no kernel uses, else the only one)")
     start.add_argument("--telemetry", type=_interval, default=telemetry.DEFAULT_INTERVAL, metavar="SECONDS",
                        help="seconds between the ranks' telemetry samples (0: off)")
-    top = sub.add_parser("top", help="every rank's CPU, memory, GPU and training rate, updated live")
+    top = sub.add_parser("top", help="CPU, memory, GPU and training rate, updated live: every rank's, or above "
+                                     f"{COLLAPSE_ABOVE} ranks each node's (min/median/max, stragglers named)")
     top.add_argument("--for", dest="duration", type=_seconds, default=600, help="keep updating this many seconds")
+    shown = top.add_mutually_exclusive_group()
+    shown.add_argument("--node", help="this node's ranks, one row each")
+    shown.add_argument("--ranks", action="store_true", help="every rank, one row each, whatever the world's size")
     top.add_argument("--straggler", type=_share, metavar="SHARE",
                      help=f"flag ranks whose rate is below this share of the median rate (default: "
                           f"${telemetry.STRAGGLER_VAR}, else {telemetry.DEFAULT_STRAGGLER_SHARE})")

@@ -4,6 +4,7 @@ argument parsing and display over the engines API."""
 from __future__ import annotations
 
 import argparse
+import functools
 import html
 import os
 import threading
@@ -16,6 +17,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from . import engines as engines_api
 from . import guard, hub_client
 from .engines import own_job, warm
+from .engines.output import COLLAPSE_ABOVE
 from .ranks import telemetry
 from .ranks.framework import Framework
 from .ranks.frameworks import FRAMEWORKS
@@ -31,7 +33,8 @@ class HPCMagics(Magics):  # type: ignore[misc]
     def hpc(self, line: str) -> Any:
         """%hpc start [-n N] [--nodes K] [--gpus-per-node G] [--launcher srun|mpirun|local|local-mpi] [--framework F]
         [--telemetry S] [--time T --partition P --account A: outside a job, an allocation of its own]
-        | attach [CLUSTER_ID] | stop | restart | status | top [--for S] [--straggler SHARE] | telemetry S | stacks [--native]
+        | attach [CLUSTER_ID] | stop | restart | status | top [--for S] [--straggler SHARE] [--node N | --ranks]
+        | telemetry S | stacks [--native]
         | checkpoint [PATH] | restore [PATH] | extend DURATION | continue | export [--cells TAG] [--out-dir D]
         | grow --nodes K [--wait] | shrink --nodes K | --ranks R,R | --node NAME | panel"""
         args = parse(hpc_parser(), line)
@@ -178,7 +181,7 @@ def _panel(engines: Engines, args: argparse.Namespace) -> Any:
 # %hpc's subcommands (their arguments: magic_args.hpc_parser); each returns what the cell shows, or None
 SUBCOMMANDS: dict[str, Callable[[Engines, argparse.Namespace], Any]] = {
     "start": _start, "attach": _attach, "stop": _stop, "restart": lambda e, a: _print_ranks(e.restart()),
-    "status": _status, "stacks": _stacks, "telemetry": _telemetry, "top": lambda e, a: _top(e, a.duration, a.straggler),
+    "status": _status, "stacks": _stacks, "telemetry": _telemetry, "top": lambda e, a: _top(e, a.duration, a.straggler, a.node, a.ranks),
     "checkpoint": lambda e, a: print(guard.report(e.checkpoint(a.path)), end=""),
     "restore": lambda e, a: print(guard.restored(e.restore(a.path)), end=""),
     "extend": _extend, "export": lambda e, a: _export(e, a.cells, a.out_dir), "continue": _continue, "panel": _panel,
@@ -214,8 +217,14 @@ def _script_cell(script: str, args: list[str]) -> str:
 class _TopTable:
     """%hpc top's table, as HTML for the notebook and as text elsewhere."""
 
-    def __init__(self, engines: engines_api.Engines, ratio: float | None) -> None:
-        self.rows = telemetry.rows(engines.samples(), ratio)
+    def __init__(self, engines: engines_api.Engines, ratio: float | None, node: str | None = None,
+                 every_rank: bool = False) -> None:
+        samples = engines.samples()
+        if node is not None:
+            samples = [s for s in samples if s.host == node]
+        by_node = node is None and not every_rank and len(samples) > COLLAPSE_ABOVE
+        self.columns = telemetry.NODE_COLUMNS if by_node else telemetry.COLUMNS
+        self.rows = (telemetry.node_rows if by_node else telemetry.rows)(samples, ratio)
         if not engines.running:
             self.empty = "no engines running; start them with %hpc start"
         elif not engines.telemetry_interval:
@@ -226,25 +235,29 @@ class _TopTable:
     def __repr__(self) -> str:
         if not self.rows:
             return self.empty
-        widths = [max(len(c), *(len(r[i]) for r in self.rows)) for i, c in enumerate(telemetry.COLUMNS)]
+        widths = [max(len(c), *(len(r[i]) for r in self.rows)) for i, c in enumerate(self.columns)]
         return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip()
-                         for row in [telemetry.COLUMNS, *self.rows])
+                         for row in [self.columns, *self.rows])
 
     def _repr_html_(self) -> str:
         if not self.rows:
             return f"<i>{html.escape(self.empty)}</i>"
-        head = "".join(f"<th>{c}</th>" for c in telemetry.COLUMNS)
+        head = "".join(f"<th>{c}</th>" for c in self.columns)
         body = "".join("<tr{}>{}</tr>".format(' class="hpcai-straggler" style="color:#b00020"' if r[-1] else "",
                                               "".join(f"<td>{html.escape(v)}</td>" for v in r)) for r in self.rows)
         return f'<table class="hpcai-top"><tr>{head}</tr>{body}</table>'
 
 
-def _top(engines: engines_api.Engines, duration: float, ratio: float | None) -> None:
+def _top(engines: engines_api.Engines, duration: float, ratio: float | None, node: str | None = None,
+         every_rank: bool = False) -> None:
     """Show the table, then update it in place every sampling interval for ``duration`` s, until these
     engines stop (a thread: the notebook stays free for other cells)."""
     from IPython.display import display
 
-    handle = display(_TopTable(engines, ratio), display_id=True)
+    if node is not None and node not in {r.host for r in engines.ranks}:
+        raise HPCAIError(f"no rank runs on node '{node}'", "name one of the nodes %hpc top lists")
+    table = functools.partial(_TopTable, engines, ratio, node, every_rank)
+    handle = display(table(), display_id=True)
     watched, every = engines.set, engines.telemetry_interval
     if watched is None or not every:
         return
@@ -255,7 +268,7 @@ def _top(engines: engines_api.Engines, duration: float, ratio: float | None) -> 
         while not stopped.wait(every) and time.monotonic() < deadline:
             if engines.set is not watched:  # stopped or restarted: a last update says so
                 stopped.set()
-            handle.update(_TopTable(engines, ratio))
+            handle.update(table())
 
     threading.Thread(target=follow, name="hpcai-top", daemon=True).start()
 

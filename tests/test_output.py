@@ -8,7 +8,8 @@ import time
 from types import SimpleNamespace
 
 from jupyter_hpcai.engines.cells import Cell
-from jupyter_hpcai.engines.output import COLLAPSE_ABOVE, HOLD, Streamer, rank_ranges
+from jupyter_hpcai.engines.output import COLLAPSE_ABOVE, HOLD, Streamer
+from jupyter_hpcai.ranks.identity import rank_ranges
 
 RANKS = [SimpleNamespace(rank=r, host=f"n{r // 8 + 1}") for r in range(128)]
 
@@ -64,3 +65,18 @@ def test_failures_group_by_identical_traceback_with_the_first_shown_in_full() ->
     assert "ipykernel_4000/" in text  # the first of the group, in full
     assert "---- rank 127 on n16: ValueError ----" in text
     assert cell.who([0, 1, 8, 9]) == "ranks 0-1,8-9 on n1, n2"
+
+
+def test_top_sums_a_large_world_up_per_node_and_names_its_stragglers() -> None:
+    from jupyter_hpcai.ranks.telemetry import NODE_COLUMNS, Sample, node_rows
+
+    now = time.time()
+    samples = [Sample(r, f"n{r // 8 + 1}", 1000 + r, now, 2.0, 50.0 + r % 8, 2**30, rate=10.0, rate_history=[10.0] * 5)
+               for r in range(128)]
+    samples[37].rate, samples[37].rate_history = 2.0, [2.0] * 5  # a straggler on n5
+    samples[90].time = now - 60  # a silent rank on n12
+    rows = {row[0]: dict(zip(NODE_COLUMNS, row)) for row in node_rows(samples)}
+    assert len(rows) == 16 and rows["n1"]["ranks"] == "0-7" and rows["n1"]["CPU %"] == "50/54/57"
+    assert rows["n1"]["RSS"] == "1.0 GiB" and rows["n1"]["note"] == ""
+    assert rows["n5"]["rate /s"] == "2.0/10.0/10.0" and rows["n5"]["note"] == "straggler: ranks 37"
+    assert rows["n12"]["note"] == "no sample: ranks 90"

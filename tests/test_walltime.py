@@ -20,6 +20,7 @@ import pytest
 from jupyter_hpcai import guard
 from jupyter_hpcai.scheduler import allocation
 from jupyter_hpcai.ranks import continuity
+from jupyter_hpcai.ranks.identity import rank_ranges
 from jupyter_hpcai.proc import wait_until
 from jupyter_hpcai.spawner import script
 from jupyter_hpcai.spawner.options import Profile, SpawnOptions
@@ -199,7 +200,7 @@ def test_reports_group_ranks_with_the_same_outcome() -> None:
     assert text == ("hpcai: ranks 0-2: ran 1 walltime hook(s) at step 30 in 0.5 s; saved /c/step-30\n"
                     "hpcai: rank 3: ran 1 walltime hook(s) at step 30 in 0.5 s; saved /c/step-30; 1 failed: "
                     "save: OSError: full\n")
-    assert guard.rank_ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    assert rank_ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
 
 
 @pytest.mark.oldest_slurm

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import HPCAIError
+from ..ranks.identity import rank_ranges
 
 OUTPUT_MODES = ("auto", "all", "rank0", "collapse")
 HOLD = 1.0  # seconds collapse holds a rank's line back, waiting for the other ranks' next lines
@@ -23,17 +24,6 @@ def resolved(mode: str, ranks: int) -> str:
     if mode != "auto":
         return mode
     return "collapse" if ranks > COLLAPSE_ABOVE else "all"
-
-
-def rank_ranges(ranks: Iterable[int]) -> str:
-    """Ranks as ranges, as Slurm writes a node list: 0-3,5,7-9."""
-    spans: list[list[int]] = []
-    for rank in sorted(set(ranks)):
-        if spans and rank == spans[-1][1] + 1:
-            spans[-1][1] = rank
-        else:
-            spans.append([rank, rank])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def grouped(values: Mapping[int, str]) -> list[tuple[list[int], str]]:

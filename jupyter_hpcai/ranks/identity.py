@@ -3,7 +3,7 @@ its thread counts before anything else runs (boot.py calls it first)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 
 from ..scheduler import chosen
 from .gpus import entries
@@ -20,6 +20,17 @@ LOCAL_RANK_VARS = (WORLD["local_rank"], "OMPI_COMM_WORLD_LOCAL_RANK", environmen
                    "HPCAI_LOCAL_RANK")
 SIZE_VARS = (WORLD["size"], "OMPI_COMM_WORLD_SIZE", environment.TASKS, "PMI_SIZE", "HPCAI_SIZE")
 LOCAL_SIZE_VARS = (WORLD["local_size"], "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "HPCAI_LOCAL_SIZE")
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """Ranks as ranges, as Slurm writes a node list: 0-3,5,7-9."""
+    spans: list[list[int]] = []
+    for rank in sorted(set(ranks)):
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def host_name(env: Mapping[str, str]) -> str:

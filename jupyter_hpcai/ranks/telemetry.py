@@ -26,7 +26,7 @@ from typing import Any
 from ..contract import TELEMETRY
 from ..errors import HPCAIError
 from . import gpus
-from .identity import RANK_VARS, first_int, host_name
+from .identity import RANK_VARS, first_int, host_name, rank_ranges
 
 FOLDER_VAR = "HPCAI_RANK_FOLDER"  # the engine set's private folder (contract.py)
 INTERVAL_VAR = "HPCAI_TELEMETRY_INTERVAL"
@@ -278,6 +278,37 @@ def rows(samples: list[Sample], ratio: float | None = None) -> list[tuple[str, .
             for s in samples]
 
 
+NODE_COLUMNS = ("node", "ranks", "CPU %", "RSS", "GPU %", "GPU mem", "rate /s", "note")
+
+
+def node_rows(samples: list[Sample], ratio: float | None = None) -> list[tuple[str, ...]]:
+    """The samples summed up per node (``NODE_COLUMNS``): each reading as min/median/max over the node's ranks
+    (one value where they agree), and the ranks that are stragglers or silent named; nodes in rank order."""
+    ratio = straggler_share() if ratio is None else ratio
+    slow, now = stragglers(samples, ratio), time.time()
+    nodes: dict[str, list[Sample]] = {}
+    for sample in sorted(samples, key=lambda s: s.rank):
+        nodes.setdefault(sample.host, []).append(sample)
+
+    def spread(values: list[float | None], show: Any) -> str:
+        known = sorted(v for v in values if v is not None)
+        if not known:
+            return "-"
+        low, middle, high = known[0], statistics.median(known), known[-1]
+        return show(low) if low == high else "/".join(show(v) for v in (low, middle, high))
+
+    def note(group: list[Sample]) -> str:
+        silent = [s.rank for s in group if not s.fresh(now)]
+        slow_here = [s.rank for s in group if s.rank in slow and s.fresh(now)]
+        return "; ".join([*([f"no sample: ranks {rank_ranges(silent)}"] if silent else []),
+                          *([f"straggler: ranks {rank_ranges(slow_here)}"] if slow_here else [])])
+
+    return [(host, rank_ranges(s.rank for s in group), spread([s.cpu for s in group], lambda v: f"{v:.0f}"),
+             spread([s.rss for s in group], _size), spread([s.gpu_util for s in group], lambda v: f"{v:.0f}"),
+             spread([s.gpu_mem for s in group], _size), spread([s.rate for s in group], lambda v: f"{v:.1f}"),
+             note(group)) for host, group in nodes.items()]
+
+
 def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB"):
         if n < 1024:
@@ -286,4 +317,5 @@ def _size(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-__all__ = ["COLUMNS", "Sample", "keras_callback", "read", "rows", "step", "stragglers", "summary", "torch_hook"]
+__all__ = ["COLUMNS", "NODE_COLUMNS", "Sample", "keras_callback", "node_rows", "read", "rows", "step", "stragglers",
+           "summary", "torch_hook"]
