@@ -18,9 +18,12 @@ import ipywidgets as w
 from . import engines as engines_api
 from .engines import Engines
 from .engines.launch import usable
+from .engines.output import COLLAPSE_ABOVE
 from .engines.own_job import Request, waiting
+from .engines.running_set import Rank
 from .errors import HPCAIError
 from .ranks import telemetry
+from .ranks.identity import rank_ranges
 from .scheduler.allocation import project_budget
 from .scheduler.durations import format_duration
 
@@ -190,6 +193,9 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
         if not ranks:
             self.ranks.value = "<i>no engines running</i>"
             return
+        if len(ranks) > COLLAPSE_ABOVE:
+            self._show_nodes(ranks)
+            return
         samples = {row[0]: row for row in telemetry.rows(self.engines.samples())}
         head = "".join(f"<th>{c}</th>" for c in ("rank", "host", "GPU", "job", "state", *telemetry.COLUMNS[2:]))
         body = []
@@ -198,6 +204,21 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
             cells = [str(r.rank), r.host, r.gpu or "-", r.job or "-", "running" if self._alive[r.rank] else "dead",
                      *row[2:]]
             flagged = ' class="hpcai-straggler" style="color:#b00020"' if row[-1] or not self._alive[r.rank] else ""
+            body.append(f"<tr{flagged}>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
+        self.ranks.value = f'<table class="hpcai-ranks"><tr>{head}</tr>{"".join(body)}</table>'
+
+    def _show_nodes(self, ranks: list[Rank]) -> None:
+        """A large world's table: one row per node, its readings as min/median/max (%hpc top --node N: its ranks)."""
+        by_node = {row[0]: row for row in telemetry.node_rows(self.engines.samples())}
+        head = "".join(f"<th>{c}</th>" for c in ("node", "ranks", "running", *telemetry.NODE_COLUMNS[2:]))
+        body = []
+        for host in dict.fromkeys(r.host for r in ranks):
+            here = [r.rank for r in ranks if r.host == host]
+            dead = [rank for rank in here if not self._alive[rank]]
+            row = by_node.get(host, ("",) * len(telemetry.NODE_COLUMNS))
+            note = "; ".join([*([f"dead: ranks {rank_ranges(dead)}"] if dead else []), *([row[-1]] if row[-1] else [])])
+            cells = [host, rank_ranges(here), f"{len(here) - len(dead)}/{len(here)}", *row[2:-1], note]
+            flagged = ' class="hpcai-straggler" style="color:#b00020"' if note else ""
             body.append(f"<tr{flagged}>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
         self.ranks.value = f'<table class="hpcai-ranks"><tr>{head}</tr>{"".join(body)}</table>'
 

@@ -80,3 +80,16 @@ def test_top_sums_a_large_world_up_per_node_and_names_its_stragglers() -> None:
     assert rows["n1"]["RSS"] == "1.0 GiB" and rows["n1"]["note"] == ""
     assert rows["n5"]["rate /s"] == "2.0/10.0/10.0" and rows["n5"]["note"] == "straggler: ranks 37"
     assert rows["n12"]["note"] == "no sample: ranks 90"
+
+
+def test_the_panel_shows_a_large_world_by_node_with_its_dead_ranks_named() -> None:
+    from jupyter_hpcai.engines.running_set import Rank
+    from jupyter_hpcai.widgets import ClusterPanel
+
+    ranks = [Rank(r.rank, r.host, str(r.rank % 8), 1000 + r.rank, r.rank, "10.0.0.1", job="7") for r in RANKS]
+    panel = SimpleNamespace(engines=SimpleNamespace(samples=list), _alive={r: r != 9 for r in range(128)},
+                            ranks=SimpleNamespace(value=""))
+    ClusterPanel._show_nodes(panel, ranks)  # type: ignore[arg-type]
+    table = panel.ranks.value
+    assert table.count("<tr") == 1 + 16  # the head and one row per node, not 128
+    assert "<td>n2</td><td>8-15</td><td>7/8</td>" in table and "dead: ranks 9" in table
