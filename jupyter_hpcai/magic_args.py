@@ -9,7 +9,7 @@ import functools
 import shlex
 
 from .engines.launch import LAUNCHERS
-from .engines.output import COLLAPSE_ABOVE, OUTPUT_MODES
+from .engines.output import COLLAPSE_ABOVE, LINES_PER_RANK, OUTPUT_MODES
 from .errors import HPCAIError
 from .ranks import telemetry
 from .ranks.frameworks import FRAMEWORKS
@@ -113,6 +113,9 @@ def hpc_parser() -> _Parser:
     top.add_argument("--straggler", type=_share, metavar="SHARE",
                      help=f"flag ranks whose rate is below this share of the median rate (default: "
                           f"${telemetry.STRAGGLER_VAR}, else {telemetry.DEFAULT_STRAGGLER_SHARE})")
+    output = sub.add_parser("output", help="a rank's whole output in the last cell (a cell shows at most "
+                                           f"{LINES_PER_RANK} lines of each rank)")
+    output.add_argument("rank", type=int, help="the rank")
     sampling = sub.add_parser("telemetry", help="change how often the running ranks sample themselves")
     sampling.add_argument("seconds", type=_interval, help="seconds between samples (0: off)")
     stacks = sub.add_parser("stacks", help="every rank's Python stack, identical ones grouped (py-spy)")

@@ -7,6 +7,7 @@ import argparse
 import functools
 import html
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -34,7 +35,7 @@ class HPCMagics(Magics):  # type: ignore[misc]
         """%hpc start [-n N] [--nodes K] [--gpus-per-node G] [--launcher srun|mpirun|local|local-mpi] [--framework F]
         [--telemetry S] [--time T --partition P --account A: outside a job, an allocation of its own]
         | attach [CLUSTER_ID] | stop | restart | status | top [--for S] [--straggler SHARE] [--node N | --ranks]
-        | telemetry S | stacks [--native]
+        | output RANK | telemetry S | stacks [--native]
         | checkpoint [PATH] | restore [PATH] | extend DURATION | continue | export [--cells TAG] [--out-dir D]
         | grow --nodes K [--wait] | shrink --nodes K | --ranks R,R | --node NAME | panel"""
         args = parse(hpc_parser(), line)
@@ -181,7 +182,8 @@ def _panel(engines: Engines, args: argparse.Namespace) -> Any:
 # %hpc's subcommands (their arguments: magic_args.hpc_parser); each returns what the cell shows, or None
 SUBCOMMANDS: dict[str, Callable[[Engines, argparse.Namespace], Any]] = {
     "start": _start, "attach": _attach, "stop": _stop, "restart": lambda e, a: _print_ranks(e.restart()),
-    "status": _status, "stacks": _stacks, "telemetry": _telemetry, "top": lambda e, a: _top(e, a.duration, a.straggler, a.node, a.ranks),
+    "status": _status, "stacks": _stacks, "telemetry": _telemetry, "output": lambda e, a: _output(e, a.rank),
+    "top": lambda e, a: _top(e, a.duration, a.straggler, a.node, a.ranks),
     "checkpoint": lambda e, a: print(guard.report(e.checkpoint(a.path)), end=""),
     "restore": lambda e, a: print(guard.restored(e.restore(a.path)), end=""),
     "extend": _extend, "export": lambda e, a: _export(e, a.cells, a.out_dir), "continue": _continue, "panel": _panel,
@@ -271,6 +273,20 @@ def _top(engines: engines_api.Engines, duration: float, ratio: float | None, nod
             handle.update(table())
 
     threading.Thread(target=follow, name="hpcai-top", daemon=True).start()
+
+
+def _output(engines: engines_api.Engines, rank: int) -> None:
+    """Print rank ``rank``'s whole stdout and stderr in the last cell run on the ranks."""
+    texts, hosts = engines.last_output
+    if rank not in texts:
+        raise HPCAIError(f"no output of rank {rank} from the last cell" if texts else "no cell has run on the ranks",
+                         f"name a rank of the last cell: 0-{len(texts) - 1}" if texts else "run a rank cell first")
+    stdout, stderr = texts[rank]
+    print(f"rank {rank} on {hosts[rank]}, the last cell: {stdout.count(chr(10))} lines on stdout, "
+          f"{stderr.count(chr(10))} on stderr")
+    print(stdout, end="" if stdout.endswith("\n") or not stdout else "\n")
+    if stderr:
+        print(stderr, end="", file=sys.stderr)
 
 
 def _print_ranks(ranks: list[engines_api.Rank]) -> None:

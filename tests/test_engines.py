@@ -144,6 +144,13 @@ def test_output_modes_and_push(world: JobKernel) -> None:
                      "sys.stderr.write('line\\n')")
     assert cell.stdout.splitlines() == ["[rank 0 n1] warning: " + "w" * 60, "[rank 0 n1] loss 0.1234",
                                         "[rank 0 n1] done", "[rank 0 n1] half a line"], cell.stdout
+    flood = world.run("%%horovod_run\nprint('\\n'.join(f'line {i} of {rank}' for i in range(2100)))")
+    assert flood.status == "ok", flood.error
+    assert flood.stdout.count("[rank 2 n2] line ") == 2000  # each rank's first 2000 lines, then a note
+    assert "[all 4 ranks] 100 more lines not shown" in flood.stdout and "%hpc output RANK" in flood.stdout
+    whole = world.run("%hpc output 2")
+    assert whole.stdout.startswith("rank 2 on n2, the last cell: 2100 lines on stdout, 0 on stderr\nline 0 of 2\n")
+    assert whole.stdout.endswith("line 2099 of 2\n"), whole.stdout[-200:]
     world.run("offset = 41")
     cell = world.run("%%horovod_run --push offset -o values\noffset + rank")
     assert cell.status == "ok", cell.error

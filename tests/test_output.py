@@ -93,3 +93,15 @@ def test_the_panel_shows_a_large_world_by_node_with_its_dead_ranks_named() -> No
     table = panel.ranks.value
     assert table.count("<tr") == 1 + 16  # the head and one row per node, not 128
     assert "<td>n2</td><td>8-15</td><td>7/8</td>" in table and "dead: ranks 9" in table
+
+
+def test_a_flood_is_bounded_per_rank_and_says_how_to_read_the_rest() -> None:
+    out: list[str] = []
+    streamer = Streamer(RANKS[:4], "all", out.append, limit=5)
+    streamer.feed({r: ("".join(f"step {i}\n" for i in range(r * 3 + 1)), "") for r in range(4)}, final=True)
+    lines = "".join(out).splitlines()
+    assert [ln for ln in lines if ln.startswith("[rank 3 n1] step")] == [f"[rank 3 n1] step {i}" for i in range(5)]
+    assert lines[-2:] == ["[rank 2 n1] 2 more lines not shown (each rank shows 5 at most): %hpc output RANK prints "
+                          "a rank's whole output",
+                          "[rank 3 n1] 5 more lines not shown (each rank shows 5 at most): %hpc output RANK prints "
+                          "a rank's whole output"]

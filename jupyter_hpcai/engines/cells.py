@@ -81,6 +81,7 @@ class Cell:
     timeout: float | None
     lost: Callable[[], None]
     elastic: int | None = None
+    last: Any = None  # the last request to the ranks (its AsyncResult): their whole output, for %hpc output
 
     def run(self, code: str, framework: str | None, output: str, push: dict[str, Any] | None,
             first_line: int) -> dict[int, Any]:
@@ -154,7 +155,7 @@ class Cell:
         """One run_cell request to every rank, watched and streamed; each rank's outcome, by rank."""
         client = self.world.connected
         ids = [r.engine_id for r in self.world.ranks]
-        whole = client[ids].apply_async(calls.run_cell, code, first_line, push, setup)  # one request, rank order
+        whole = self.last = client[ids].apply_async(calls.run_cell, code, first_line, push, setup)  # in rank order
         streamer = Streamer(self.world.ranks, output, self.write)
         try:
             self._watch(whole, streamer, initialising)
@@ -238,6 +239,10 @@ class Cell:
             while time.monotonic() < end and not free():
                 time.sleep(0.1)
         return free()
+
+    def texts(self) -> Streams:
+        """Each rank's whole stdout and stderr in the last request, by rank (none before one)."""
+        return _texts(self.last) if self.last is not None else {}
 
     def still_running(self, whole: Any) -> str:
         """The ranks whose part of ``whole`` has not ended, by rank and host."""

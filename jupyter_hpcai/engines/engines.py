@@ -33,7 +33,7 @@ from .background import Background
 from .cells import CONTINUITY, Cell, Outcomes
 from .elastic import Elastic
 from .launch import Layout, plan
-from .output import Write, to_stdout
+from .output import Streams, Write, to_stdout
 from .rest import DEFAULT_AFTER, Rest, rest_after
 from .running_set import Rank, RunningSet
 from .startup import Progress
@@ -59,6 +59,7 @@ class Engines(Elastic):
         self._starting = threading.Lock()  # one start at a time (the panel's waits in a thread)
         self._running_cell = threading.RLock()  # shrink and grow wait for the cell; joins never
         self.background = Background()  # a start in a thread: the one with the kernel (warm.py)
+        self.last_output: tuple[Streams, list[str]] = ({}, [])  # the last cell's whole output by rank; their hosts
         self.rest = Rest(self._running_cell, lambda: self.set if self.running else None, _rest_after())
         if allocation is None:  # outside a job nothing would stop them: they go with the kernel (ipyparallel's atexit)
             atexit.register(lambda: self.set.remove_folder() if self.set else None)
@@ -287,6 +288,7 @@ class Engines(Elastic):
             try:
                 return cell.run(code, framework, output, push, first_line)
             finally:
+                self.last_output = cell.texts(), [r.host for r in cell.world.ranks]
                 self.rest.used()
 
     def checkpoint(self, directory: str | None = None, *, pending_only: bool = False, timeout: float | None = None,

@@ -15,6 +15,7 @@ from ..ranks.identity import rank_ranges
 
 OUTPUT_MODES = ("auto", "all", "rank0", "collapse")
 HOLD = 1.0  # seconds collapse holds a rank's line back, waiting for the other ranks' next lines
+LINES_PER_RANK = 2000  # a cell shows at most this many lines of each rank; %hpc output RANK prints the rest
 COLLAPSE_ABOVE = 8  # ranks: ``auto`` shows every rank's lines up to this world, and collapses above it
 Write = Callable[[str], None]
 
@@ -57,6 +58,9 @@ class Streamer:
     _partial: dict[tuple[int, int], str] = field(default_factory=dict)  # (rank, stream): its unfinished line
     _pending: dict[int, list[str]] = field(default_factory=dict)
     _held_since: float | None = None  # collapse: when the oldest line it holds back came
+    limit: int = LINES_PER_RANK
+    _shown: dict[int, int] = field(default_factory=dict)  # lines shown of each rank (a collapsed line: for each)
+    _unshown: dict[int, int] = field(default_factory=dict)  # lines past the limit, by rank
 
     def __post_init__(self) -> None:
         self.mode = resolved(self.mode, len(self.ranks))
@@ -87,21 +91,39 @@ class Streamer:
             everyone = [self._pending.setdefault(r.rank, []) for r in self.ranks]
             while all(everyone):  # every rank has a next line: one line per distinct text, with its ranks
                 heads = {r.rank: lines.pop(0) for r, lines in zip(self.ranks, everyone)}
-                out += [self.group_prefix(ranks) + line for ranks, line in grouped(heads)]
+                out += self._bounded(grouped(heads))
             held = any(everyone)
             self._held_since = (self._held_since or time.monotonic()) if held else None
             if held and (final or time.monotonic() - self._held_since > HOLD):  # the others print less (rank 0's own)
                 while any(everyone):
                     heads = {r.rank: lines.pop(0) for r, lines in zip(self.ranks, everyone) if lines}
-                    out += [self.group_prefix(ranks) + line for ranks, line in grouped(heads)]
+                    out += self._bounded(grouped(heads))
                 self._held_since = None
         if self.mode != "collapse" or final:  # collapse holds lines back (HOLD at most) for the others to catch up
             for rank in sorted(self._pending):
                 if self.mode != "rank0" or rank == 0:
-                    out += [self.prefix(rank) + line for line in self._pending[rank]]
+                    out += self._bounded([([rank], line) for line in self._pending[rank]])
                 self._pending[rank] = []
+        if final and self._unshown:
+            out += [f"{self.group_prefix(ranks)}{count} more lines not shown (each rank shows {self.limit} at most): "
+                    f"%hpc output RANK prints a rank's whole output"
+                    for ranks, count in grouped({rank: str(n) for rank, n in self._unshown.items()})]
+            self._unshown = {}
         if out:
             self.write("".join(line + "\n" for line in out))
+
+    def _bounded(self, lines: list[tuple[list[int], str]]) -> list[str]:
+        """The prefixed lines whose ranks are all within the limit; the others counted for the closing note."""
+        shown = []
+        for ranks, line in lines:
+            if all(self._shown.get(rank, 0) < self.limit for rank in ranks):
+                shown.append(self.group_prefix(ranks) + line)
+                for rank in ranks:
+                    self._shown[rank] = self._shown.get(rank, 0) + 1
+            else:
+                for rank in ranks:
+                    self._unshown[rank] = self._unshown.get(rank, 0) + 1
+        return shown
 
 
 def to_stdout(text: str) -> None:
