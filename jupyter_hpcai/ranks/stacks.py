@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,10 +161,11 @@ def main(argv: list[str] | None = None) -> None:
     args = argv if argv is not None else sys.argv[1:]
     native = "--native" in args
     pairs = [item.rpartition("=") for item in args[0].split(",") if item] if args else []
-    found = {}
-    for pid in (int(pid) for host, _, pid in pairs if host == host_name(os.environ)):
-        stack = dump(pid, native)
-        found[pid] = stack if isinstance(stack, str) else [[f.name, f.file, f.line] for f in stack]
+    pids = [int(pid) for host, _, pid in pairs if host == host_name(os.environ)]
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(pids)))) as pool:  # a node's ranks at once
+        stacks = list(pool.map(lambda pid: dump(pid, native), pids))
+    found = {pid: stack if isinstance(stack, str) else [[f.name, f.file, f.line] for f in stack]
+             for pid, stack in zip(pids, stacks)}
     print(json.dumps(found), flush=True)
 
 
