@@ -23,7 +23,7 @@ from typing import Any
 
 from .engines.launch import Layout
 from .errors import HPCAIError
-from .magic_args import parse, run_parser
+from .magic_args import HelpShown, parse, run_parser
 from .network import NODE_ADDRS
 from .ranks.batch import MASTER_ADDR_VAR, MASTER_PORT_VAR
 from .ranks.frameworks import FRAMEWORKS
@@ -182,7 +182,11 @@ def _cell(index: int, source: str) -> Cell:
     first, _, body = source.partition("\n")
     magic = first.split(maxsplit=1)[0] if first.strip() else ""
     if magic in RANK_MAGICS:
-        args = parse(run_parser(magic), first[len(magic):])
+        try:
+            args = parse(run_parser(magic), first[len(magic):])
+        except HelpShown:
+            raise HPCAIError(f"cell {index} asks for {magic}'s --help, which a batch job cannot run",
+                             "take --help out of the cell's first line") from None
         push = tuple(n.strip() for n in args.push.split(",") if n.strip())
         return Cell(index, body, RANK_MAGICS[magic], push, "all" if args.output in ("collapse", "auto") else args.output)
     if magic.startswith("%%"):

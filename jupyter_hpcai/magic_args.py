@@ -16,6 +16,10 @@ from .ranks.frameworks import FRAMEWORKS
 from .scheduler.durations import parse_duration
 
 
+class HelpShown(Exception):
+    """``--help`` was asked for, and argparse has printed it: the magic ends there, quietly."""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that raises a clear HPCAIError instead of exiting the kernel."""
 
@@ -25,7 +29,7 @@ class _Parser(argparse.ArgumentParser):
     def exit(self, status: int = 0, message: str | None = None) -> None:  # type: ignore[override]
         if message:
             raise HPCAIError(message.strip())
-        raise HPCAIError(self.format_help().strip())  # --help: show it as the message
+        raise HelpShown
 
 
 def _positive(text: str) -> int:

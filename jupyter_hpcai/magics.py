@@ -23,7 +23,7 @@ from .ranks import telemetry
 from .ranks.framework import Framework
 from .ranks.frameworks import FRAMEWORKS
 from .errors import HPCAIError
-from .magic_args import hpc_parser, parse, run_parser
+from .magic_args import HelpShown, hpc_parser, parse, run_parser
 
 
 @magics_class
@@ -38,14 +38,20 @@ class HPCMagics(Magics):  # type: ignore[misc]
         | output RANK | telemetry S | stacks [--native]
         | checkpoint [PATH] | restore [PATH] | extend DURATION | continue | export [--cells TAG] [--out-dir D]
         | grow --nodes K [--wait] | shrink --nodes K | --ranks R,R | --node NAME | panel"""
-        args = parse(hpc_parser(), line)
+        try:
+            args = parse(hpc_parser(), line)
+        except HelpShown:
+            return None
         return SUBCOMMANDS[args.command](engines_api.current(), args)
 
     def on_ranks(self, framework: str, line: str, cell: str | None = None) -> Any:
         """A rank magic of ``framework`` (frameworks.FRAMEWORKS: its magic's name): the cell, or with no cell the
         script the line names, on every rank."""
         name = FRAMEWORKS[framework].magic
-        args = parse(run_parser(f"%{name}" if cell is None else f"%%{name}", script=cell is None), line)
+        try:
+            args = parse(run_parser(f"%{name}" if cell is None else f"%%{name}", script=cell is None), line)
+        except HelpShown:
+            return None
         first_line = 2  # a cell magic's body starts on the cell's second line
         if cell is None:
             cell, first_line = _script_cell(args.script, args.args), 1

@@ -105,3 +105,21 @@ def test_a_flood_is_bounded_per_rank_and_says_how_to_read_the_rest() -> None:
                           "a rank's whole output",
                           "[rank 3 n1] 5 more lines not shown (each rank shows 5 at most): %hpc output RANK prints "
                           "a rank's whole output"]
+
+
+def test_help_prints_once_and_is_no_error(capsys) -> None:  # type: ignore[no-untyped-def]
+    """%hpc start --help printed the help, then the same text again as a red HPCAIError."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from jupyter_hpcai.magics import FRAMEWORKS, HPCMagics, _rank_magic
+
+    shell = InteractiveShell.instance()
+    magics = HPCMagics(shell=shell)
+    shell.register_magics(magics)
+    for name, framework in FRAMEWORKS.items():  # as load() does, without its walltime guard and warm start
+        shell.register_magic_function(_rank_magic(magics, name), "line_cell", framework.magic)
+    for magic, line in (("hpc", "start --help"), ("hpc", "top --help"), ("hpc", "--help"),
+                        ("horovod_run", "--help"), ("torchrun", "-h")):
+        assert shell.run_line_magic(magic, line) is None
+        shown = capsys.readouterr()
+        assert shown.out.count("usage:") == 1 and shown.err == "", (magic, line, shown)
