@@ -204,3 +204,49 @@ print("RESULT", max(magics), max(plains))
     magic, plain = map(float, cell.stdout.split("RESULT ")[1].split())
     bench.append(f"%%torchrun throughput {magic:.1f} img/s / srun --mpi=none plain launch {plain:.1f} img/s "
                  f"= {magic / plain:.3f}")
+
+
+DUMP = ("import json, os, pathlib, sys\n"  # each process's environment, in a file of its own
+        "pathlib.Path(sys.argv[1], f'{os.getpid()}.json').write_text(json.dumps(dict(os.environ)))\n")
+# torchrun's variables %%torchrun leaves out, and why
+NOT_SET = {"TORCHELASTIC_ERROR_FILE": "the agent's error file: no agent here, the cell shows each rank's traceback",
+           "OMP_NUM_THREADS": "torchrun sets 1 where it is unset; a rank here has its CPUs' count (identity.pin)"}
+
+
+def test_a_rank_has_the_variables_torchrun_gives_a_worker(world: JobKernel, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+    """The same layout (2 nodes x 2) under torchrun, started by srun in the job, and under %%torchrun: every variable
+    torchrun adds to a worker's environment is set on the rank (but NOT_SET), the layout's with the same value."""
+    folder = tmp_path_factory.mktemp("torchrun-env")
+    (folder / "dump.py").write_text(DUMP)
+    cell = world.run("%%torchrun -o ours\nimport os\ndict(os.environ)")
+    assert cell.status == "ok", cell.error
+    master = world.run("ours[0]['MASTER_ADDR']").result.strip("'")
+    run = world.run(
+        "import json, subprocess, sys\n"
+        "from pathlib import Path\n"
+        "def on_nodes(tag, *argv):\n"
+        f"    out = Path({str(folder)!r}, tag)\n"
+        "    out.mkdir()\n"
+        "    done = subprocess.run(['srun', '--overlap', '-N2', '--ntasks-per-node=1', '-n2', *argv,\n"
+        f"                           {str(folder / 'dump.py')!r}, str(out)], capture_output=True, text=True, timeout=300)\n"
+        "    assert done.returncode == 0, done.stderr[-3000:]\n"
+        "    return [json.loads(f.read_text()) for f in out.iterdir()]\n"
+        "plain = on_nodes('plain', sys.executable)\n"
+        "theirs = on_nodes('torchrun', sys.executable, '-m', 'torch.distributed.run', '--nnodes', '2',\n"
+        f"                 '--nproc-per-node', '2', '--rdzv-backend', 'c10d', '--rdzv-endpoint', '{master}:29577',\n"
+        "                 '--rdzv-id', 'envtest')\n"
+        "added = sorted(set().union(*theirs) - set().union(*plain))\n"
+        "theirs = sorted(theirs, key=lambda e: int(e['RANK']))\n"
+        "len(theirs), added")
+    assert run.status == "ok", run.error
+    count = world.run("len(theirs)").result
+    assert count == "4", run.stdout
+    added = eval(world.run("added").result)  # noqa: S307 - our kernel's repr of a list of names
+    assert "GROUP_RANK" in added and "TORCHELASTIC_RUN_ID" in added  # a control: the comparison sees torchrun's own
+    missing = world.run(f"[k for k in added if k not in ours[0] and k not in {sorted(NOT_SET)!r}]").result
+    assert missing == "[]", missing
+    same = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+            "ROLE_NAME", "ROLE_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+    differ = world.run(f"[(r, k, o.get(k), t.get(k)) for r, (o, t) in enumerate(zip(ours, theirs)) for k in {same!r} "
+                       "if o.get(k) != t.get(k)]").result
+    assert differ == "[]", differ

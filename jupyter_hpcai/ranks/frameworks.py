@@ -332,10 +332,8 @@ def _init_torch(params: dict[str, Any]) -> Handles:
 
     me = rank_info()
     rank = first_int(os.environ, RANK_VARS, 0)
-    env = {"RANK": rank, "WORLD_SIZE": params["world_size"], "LOCAL_RANK": first_int(os.environ, LOCAL_RANK_VARS, 0),
-           "LOCAL_WORLD_SIZE": params["local_world_sizes"][me["host"]], "MASTER_ADDR": params["master_addr"],
-           "MASTER_PORT": params["master_port"]}
-    os.environ.update({k: str(v) for k, v in env.items()})
+    env = torchrun_environ(params, rank, first_int(os.environ, LOCAL_RANK_VARS, 0), me["host"], me["job"])
+    os.environ.update(env)
     has_gpu = torch.cuda.is_available()
     backend = params["backend"] or ("nccl" if has_gpu else "gloo")
     if backend == "nccl" and not has_gpu:
@@ -348,8 +346,25 @@ def _init_torch(params: dict[str, Any]) -> Handles:
                             store=_torch_store(dist, params, rank, timeout))
     device = torch.device("cuda", 0) if has_gpu else torch.device("cpu")
     names = {"torch": torch, "dist": dist, "rank": rank, "world_size": params["world_size"],
-             "local_rank": env["LOCAL_RANK"], "device": device, "hpc": continuity}
+             "local_rank": int(env["LOCAL_RANK"]), "device": device, "hpc": continuity}
     return names, {"rank": rank, "world_size": params["world_size"], "backend": backend, "device": str(device)}
+
+
+def torchrun_environ(params: dict[str, Any], rank: int, local_rank: int, host: str, job: str) -> dict[str, str]:
+    """What torchrun (its elastic agent) gives each worker of a multi-node run, for a rank of this world: scripts
+    written for torchrun (DDP, HF Accelerate, Lightning) read these. A node is a torchrun "group" and the whole world
+    one role ("default"); the world is not restarted by an agent, so the restart count and maximum are 0."""
+    nodes = list(params["local_world_sizes"])  # in rank order
+    return {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(params["world_size"]),
+            "LOCAL_WORLD_SIZE": str(params["local_world_sizes"][host]), "GROUP_RANK": str(nodes.index(host)),
+            "GROUP_WORLD_SIZE": str(len(nodes)), "ROLE_RANK": str(rank), "ROLE_NAME": "default",
+            "ROLE_WORLD_SIZE": str(params["world_size"]), "MASTER_ADDR": params["master_addr"],
+            "MASTER_PORT": str(params["master_port"]), "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": f"hpcai-{job}",
+            "TORCHELASTIC_USE_AGENT_STORE": "False",  # rank 0's store, made in the cell's init, not an agent's
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE",
+                                                             "SIGTERM,SIGINT,SIGHUP,SIGQUIT"),
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")}
 
 
 def _torch_store(dist: Any, params: dict[str, Any], rank: int, timeout: Any) -> Any:
