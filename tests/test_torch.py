@@ -210,7 +210,7 @@ DUMP = ("import json, os, pathlib, sys\n"  # each process's environment, in a fi
         "pathlib.Path(sys.argv[1], f'{os.getpid()}.json').write_text(json.dumps(dict(os.environ)))\n")
 # torchrun's variables %%torchrun leaves out, and why
 NOT_SET = {"TORCHELASTIC_ERROR_FILE": "the agent's error file: no agent here, the cell shows each rank's traceback",
-           "OMP_NUM_THREADS": "torchrun sets 1 where it is unset; a rank here has its CPUs' count (identity.pin)"}
+           "OMP_NUM_THREADS": "torchrun sets 1 where it is unset; a rank here has its share of the node's CPUs (identity.pin)"}
 
 
 def test_a_rank_has_the_variables_torchrun_gives_a_worker(world: JobKernel, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
