@@ -110,7 +110,8 @@ def hpc_parser() -> _Parser:
                        help="seconds between the ranks' telemetry samples (0: off)")
     top = sub.add_parser("top", help="CPU, memory, GPU and training rate, updated live: every rank's, or above "
                                      f"{COLLAPSE_ABOVE} ranks each node's (min/median/max, stragglers named)")
-    top.add_argument("--for", dest="duration", type=_seconds, default=600, help="keep updating this many seconds")
+    top.add_argument("--for", dest="duration", type=_seconds, default=600, metavar="SECONDS",
+                     help="keep updating this many seconds")
     shown = top.add_mutually_exclusive_group()
     shown.add_argument("--node", help="this node's ranks, one row each")
     shown.add_argument("--ranks", action="store_true", help="every rank, one row each, whatever the world's size")
@@ -151,10 +152,11 @@ def run_parser(prog: str, script: bool = False) -> _Parser:
     """Options of %%horovod_run / %%torchrun; the line forms take a script and its arguments after them."""
     parser = _Parser(prog=prog, add_help=True)
     parser.add_argument("-n", type=_positive, help="ranks (starts engines if none run)")
-    parser.add_argument("--timeout", type=_seconds, help="stop the cell after this many seconds")
+    parser.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="stop the cell after this many seconds")
     parser.add_argument("--output", choices=OUTPUT_MODES, default="auto",
                         help=f"auto (default): every rank's lines, collapsed above {COLLAPSE_ABOVE} ranks")
-    parser.add_argument("--push", default="", help="comma-separated notebook variables to send to every rank")
+    parser.add_argument("--push", default="", metavar="NAMES",
+                        help="comma-separated notebook variables to send to every rank")
     parser.add_argument("-o", dest="var", help="store every rank's result in this variable (a list by rank)")
     parser.add_argument("--elastic", type=_positive, metavar="MIN", help="when ranks die and at least MIN survive, "
                         "go on with them: the world re-formed, the last checkpoint restored, the cell run again")

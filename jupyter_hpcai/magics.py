@@ -251,7 +251,8 @@ class _TopTable:
         if not self.rows:
             return f"<i>{html.escape(self.empty)}</i>"
         head = "".join(f"<th>{c}</th>" for c in self.columns)
-        body = "".join("<tr{}>{}</tr>".format(' class="hpcai-straggler" style="color:#b00020"' if r[-1] else "",
+        body = "".join("<tr{}>{}</tr>".format(' class="hpcai-straggler" style="color:#b00020"'
+                                              if telemetry.alarming(r[-1]) else "",
                                               "".join(f"<td>{html.escape(v)}</td>" for v in r)) for r in self.rows)
         return f'<table class="hpcai-top"><tr>{head}</tr>{body}</table>'
 
@@ -308,7 +309,7 @@ _guard: guard.WalltimeGuard | None = None
 
 def rank_magic_help(framework: Framework) -> str:
     """A rank magic's help: its options, and what its cells find ready on every rank."""
-    return (f"%%{framework.magic} [-n N] [--timeout S] [--output all|rank0|collapse] [--push NAMES] [-o VAR] "
+    return (f"%%{framework.magic} [-n N] [--timeout S] [--output auto|all|rank0|collapse] [--push NAMES] [-o VAR] "
             f"[--elastic MIN] ({framework.title}: {', '.join(framework.names)}), or %{framework.magic} [options] "
             "SCRIPT [ARGS...]")
 

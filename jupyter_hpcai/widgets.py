@@ -203,7 +203,8 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
             row = samples.get(str(r.rank), ("",) * len(telemetry.COLUMNS))
             cells = [str(r.rank), r.host, r.gpu or "-", r.job or "-", "running" if self._alive[r.rank] else "dead",
                      *row[2:]]
-            flagged = ' class="hpcai-straggler" style="color:#b00020"' if row[-1] or not self._alive[r.rank] else ""
+            flagged = (' class="hpcai-straggler" style="color:#b00020"'
+                       if telemetry.alarming(row[-1]) or not self._alive[r.rank] else "")
             body.append(f"<tr{flagged}>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
         self.ranks.value = f'<table class="hpcai-ranks"><tr>{head}</tr>{"".join(body)}</table>'
 
@@ -218,7 +219,7 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
             row = by_node.get(host, ("",) * len(telemetry.NODE_COLUMNS))
             note = "; ".join([*([f"dead: ranks {rank_ranges(dead)}"] if dead else []), *([row[-1]] if row[-1] else [])])
             cells = [host, rank_ranges(here), f"{len(here) - len(dead)}/{len(here)}", *row[2:-1], note]
-            flagged = ' class="hpcai-straggler" style="color:#b00020"' if note else ""
+            flagged = ' class="hpcai-straggler" style="color:#b00020"' if telemetry.alarming(note) else ""
             body.append(f"<tr{flagged}>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
         self.ranks.value = f'<table class="hpcai-ranks"><tr>{head}</tr>{"".join(body)}</table>'
 

@@ -80,6 +80,9 @@ def test_top_sums_a_large_world_up_per_node_and_names_its_stragglers() -> None:
     assert rows["n1"]["RSS"] == "1.0 GiB" and rows["n1"]["note"] == ""
     assert rows["n5"]["rate /s"] == "2.0/10.0/10.0" and rows["n5"]["note"] == "straggler: ranks 37"
     assert rows["n12"]["note"] == "no sample: ranks 90"
+    from jupyter_hpcai.ranks.telemetry import alarming
+    assert alarming(rows["n5"]["note"]) and alarming(rows["n12"]["note"]) and not alarming(rows["n1"]["note"])
+    assert not alarming("no GPU (CUDA_VISIBLE_DEVICES is empty)")  # a blank reading is no alarm
 
 
 def test_the_panel_shows_a_large_world_by_node_with_its_dead_ranks_named() -> None:
@@ -93,6 +96,7 @@ def test_the_panel_shows_a_large_world_by_node_with_its_dead_ranks_named() -> No
     table = panel.ranks.value
     assert table.count("<tr") == 1 + 16  # the head and one row per node, not 128
     assert "<td>n2</td><td>8-15</td><td>7/8</td>" in table and "dead: ranks 9" in table
+    assert table.count("hpcai-straggler") == 1  # n2's row only: red is for dead, silent and straggling ranks
 
 
 def test_a_flood_is_bounded_per_rank_and_says_how_to_read_the_rest() -> None:
@@ -123,3 +127,12 @@ def test_help_prints_once_and_is_no_error(capsys) -> None:  # type: ignore[no-un
         assert shell.run_line_magic(magic, line) is None
         shown = capsys.readouterr()
         assert shown.out.count("usage:") == 1 and shown.err == "", (magic, line, shown)
+
+
+def test_a_line_only_rank_0_prints_does_not_throw_the_others_out_of_step() -> None:
+    """Lines are matched by text, not by position: rank 0's extra progress line shows on its own, and the lines every
+    rank prints still show once (they showed 16 times apart, from the first extra line on)."""
+    texts = {r: "".join(("epoch %d start\n" % e if r == 0 else "") + f"loss {e}\n" for e in range(3)) for r in range(16)}
+    assert _stream(RANKS[:16], texts) == [
+        "[rank 0 n1] epoch 0 start", "[all 16 ranks] loss 0", "[rank 0 n1] epoch 1 start", "[all 16 ranks] loss 1",
+        "[rank 0 n1] epoch 2 start", "[all 16 ranks] loss 2"]

@@ -127,8 +127,9 @@ class EngineSet:
         from .launch import RankSetLauncher
 
         data = json.loads(self.file.read_text())
-        engines = data.get("engines") or {}
-        if str(engines.get("class", "")).lower() in RANK_SET_NAMES:  # the entry point a container's python lacks
+        engines = data.get("engines")
+        if isinstance(engines, dict) and str(engines.get("class", "")).lower() in RANK_SET_NAMES:  # the entry point
+            # a container's python lacks
             engines["class"] = RankSetLauncher
         return ipp.Cluster.from_dict(data, cluster_file=str(self.file))
 

@@ -15,6 +15,7 @@ from ..ranks.identity import rank_ranges
 
 OUTPUT_MODES = ("auto", "all", "rank0", "collapse")
 HOLD = 1.0  # seconds collapse holds a rank's line back, waiting for the other ranks' next lines
+LOOK_AHEAD = 64  # lines of each rank collapse looks through for a text they all printed
 LINES_PER_RANK = 2000  # a cell shows at most this many lines of each rank; %hpc output RANK prints the rest
 COLLAPSE_ABOVE = 8  # ranks: ``auto`` shows every rank's lines up to this world, and collapses above it
 Write = Callable[[str], None]
@@ -88,17 +89,7 @@ class Streamer:
     def _emit(self, final: bool) -> None:
         out: list[str] = []
         if self.mode == "collapse":
-            everyone = [self._pending.setdefault(r.rank, []) for r in self.ranks]
-            while all(everyone):  # every rank has a next line: one line per distinct text, with its ranks
-                heads = {r.rank: lines.pop(0) for r, lines in zip(self.ranks, everyone)}
-                out += self._bounded(grouped(heads))
-            held = any(everyone)
-            self._held_since = (self._held_since or time.monotonic()) if held else None
-            if held and (final or time.monotonic() - self._held_since > HOLD):  # the others print less (rank 0's own)
-                while any(everyone):
-                    heads = {r.rank: lines.pop(0) for r, lines in zip(self.ranks, everyone) if lines}
-                    out += self._bounded(grouped(heads))
-                self._held_since = None
+            out += self._collapse(final)
         if self.mode != "collapse" or final:  # collapse holds lines back (HOLD at most) for the others to catch up
             for rank in sorted(self._pending):
                 if self.mode != "rank0" or rank == 0:
@@ -111,6 +102,38 @@ class Streamer:
             self._unshown = {}
         if out:
             self.write("".join(line + "\n" for line in out))
+
+    def _collapse(self, final: bool) -> list[str]:
+        """Collapse's lines: a text every rank has printed shows once, after the lines some ranks printed before it
+        (rank 0's own progress lines); with no text in common and a line from every rank, the ranks' next lines show
+        at once, one per distinct text; lines the others may still print are held HOLD seconds at most."""
+        everyone = {r.rank: self._pending.setdefault(r.rank, []) for r in self.ranks}
+        out: list[str] = []
+        while all(everyone.values()):
+            heads = {lines[0] for lines in everyone.values()}
+            common = heads if len(heads) == 1 else set.intersection(*(set(lines[:LOOK_AHEAD])
+                                                                       for lines in everyone.values()))
+            if not common:  # the ranks' next lines differ: each distinct text once, with its ranks
+                out += self._bounded(grouped({rank: lines.pop(0) for rank, lines in everyone.items()}))
+                continue
+            text = min(common, key=everyone[self.ranks[0].rank].index)  # the first of them, as rank 0 printed it
+            before = {rank: lines[:lines.index(text)] for rank, lines in everyone.items()}
+            for rank, lines in everyone.items():
+                del lines[:len(before[rank]) + 1]
+            out += self._heads_until_empty(before) + self._bounded(grouped(dict.fromkeys(everyone, text)))
+        held = any(everyone.values())
+        self._held_since = (self._held_since or time.monotonic()) if held else None
+        if held and (final or time.monotonic() - self._held_since > HOLD):  # the others print less (rank 0's own)
+            out += self._heads_until_empty(everyone)
+            self._held_since = None
+        return out
+
+    def _heads_until_empty(self, queues: dict[int, list[str]]) -> list[str]:
+        """Every line of ``queues`` (emptied), a round of the ranks' next lines at a time, each distinct text once."""
+        out: list[str] = []
+        while any(queues.values()):
+            out += self._bounded(grouped({rank: lines.pop(0) for rank, lines in queues.items() if lines}))
+        return out
 
     def _bounded(self, lines: list[tuple[list[int], str]]) -> list[str]:
         """The prefixed lines whose ranks are all within the limit; the others counted for the closing note."""

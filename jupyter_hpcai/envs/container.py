@@ -18,7 +18,9 @@ the user's identity (``--hostauth --user``), the home directory, /tmp, the env's
 jupyter_hpcai's own (pure Python) code at /.hpcai/lib, and the host's Slurm client at /.hpcai/bin
 (srun, scontrol..., run with the host's loader and libraries, bound one by one under /.hpcai/host, so
 the image's C library does not matter), its config files and munge socket. Nothing else of the host:
-the image is untrusted.
+the image is untrusted. It runs as the user, so with the Slurm client and the home directory it can do what the
+user can (srun, sbatch, the user's files), as any program the user runs; udocker binds are writable, so a package
+the user can write (an own venv) is the image's to change too: ``check`` warns about that.
 
 Why P2 (proot without seccomp) is the default and not P1 (proot with seccomp acceleration): measured on
 2026-12-04 (Debian 12, kernel 6.18, Debian's proot 5.1.0, udocker 1.3.17), P1 lost files at random. With 4
@@ -69,6 +71,18 @@ if shutil.which("mpirun"):
     found["mpi"] = out.splitlines()[0].strip() if out.strip() else None
 print("HPCAI-INSIDE " + json.dumps(found))
 """
+
+
+def package_warnings() -> list[str]:
+    """A warning when this user can write jupyter_hpcai's own code, which every container gets (writable: udocker
+    binds cannot be read-only), so that an image could change what later runs on the host."""
+    import jupyter_hpcai
+
+    package = Path(jupyter_hpcai.__file__).parent
+    if not os.access(package, os.W_OK):
+        return []
+    return [f"you can write {package}, which containers get at {LIB}/jupyter_hpcai and could change: run container "
+            "envs from an install you cannot write (the site's, or a venv of another account)"]
 
 
 @dataclass(frozen=True)
@@ -133,7 +147,8 @@ class ContainerEnv(BuiltEnv):
         self.require_container()
         inside = look_inside(self)
         return Checked([f"container {self.container} runs (mode {self.settings.mode}, {self.python})"],
-                       [*mode_warnings(self.settings.mode, self.name, self.manifest.source), *warnings(inside)])
+                       [*mode_warnings(self.settings.mode, self.name, self.manifest.source), *warnings(inside),
+                        *package_warnings()])
 
     def remove(self) -> None:
         """Remove the env and everything udocker holds for it."""

@@ -278,6 +278,11 @@ def rows(samples: list[Sample], ratio: float | None = None) -> list[tuple[str, .
             for s in samples]
 
 
+def alarming(note: str) -> bool:
+    """Whether a row's note is one to flag (a straggler, a silent or dead rank), not a reading's blank (no GPU)."""
+    return any(word in note for word in ("straggler", "no sample", "dead"))
+
+
 NODE_COLUMNS = ("node", "ranks", "CPU %", "RSS", "GPU %", "GPU mem", "rate /s", "note")
 
 
@@ -317,5 +322,5 @@ def _size(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-__all__ = ["COLUMNS", "NODE_COLUMNS", "Sample", "keras_callback", "node_rows", "read", "rows", "step", "stragglers",
+__all__ = ["COLUMNS", "NODE_COLUMNS", "Sample", "alarming", "keras_callback", "node_rows", "read", "rows", "step", "stragglers",
            "summary", "torch_hook"]
