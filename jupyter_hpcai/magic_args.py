@@ -16,8 +16,12 @@ from .ranks.frameworks import FRAMEWORKS
 from .scheduler.durations import parse_duration
 
 
-class HelpShown(Exception):
-    """``--help`` was asked for, and argparse has printed it: the magic ends there, quietly."""
+class HelpShown(HPCAIError):
+    """``--help`` was asked for, and argparse has printed it: the magics end there, quietly (an HPCAIError for any
+    other caller of ``parse``)."""
+
+    def __init__(self) -> None:
+        super().__init__("the help was asked for, and printed", "leave out --help to run the command")
 
 
 class _Parser(argparse.ArgumentParser):
