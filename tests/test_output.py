@@ -136,3 +136,11 @@ def test_a_line_only_rank_0_prints_does_not_throw_the_others_out_of_step() -> No
     assert _stream(RANKS[:16], texts) == [
         "[rank 0 n1] epoch 0 start", "[all 16 ranks] loss 0", "[rank 0 n1] epoch 1 start", "[all 16 ranks] loss 1",
         "[rank 0 n1] epoch 2 start", "[all 16 ranks] loss 2"]
+
+
+def test_dead_or_stuck_ranks_of_a_large_world_are_named_by_node() -> None:
+    cell = Cell(SimpleNamespace(ranks=RANKS), lambda _: None, None, lambda: None)  # type: ignore[arg-type]
+    assert cell.listed([0, 1, 10]) == "rank 0 on n1, rank 1 on n1, rank 10 on n2"  # a few: each by rank and host
+    assert cell.listed([*range(64), 70, 127]) == ("ranks 0-7 on n1, ranks 8-15 on n2, ranks 16-23 on n3, ranks 24-31 on "
+                                                  "n4, ranks 32-39 on n5, ranks 40-47 on n6, ranks 48-55 on n7, ranks "
+                                                  "56-63 on n8, rank 70 on n9, rank 127 on n16")

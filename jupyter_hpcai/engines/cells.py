@@ -18,7 +18,7 @@ from ..ranks.continuity import restore_all
 from ..ranks.continuity import steps as rank_steps
 from ..ranks import stacks as rank_stacks
 from ..ranks.frameworks import FRAMEWORKS
-from .output import OUTPUT_MODES, RankFailure, Streamer, Streams, Write, grouped, rank_ranges
+from .output import COLLAPSE_ABOVE, OUTPUT_MODES, RankFailure, Streamer, Streams, Write, grouped, rank_ranges
 from .running_set import RunningSet
 
 CONTINUITY = "__import__('jupyter_hpcai.ranks.continuity', fromlist=['hpc'])"  # the ranks' walltime API
@@ -114,7 +114,7 @@ class Cell:
         gone = {r.engine_id for r in dead}
         survivors = [r.engine_id for r in world.ranks if r.engine_id not in gone]
         if not free or len(world.ranks) - len(dead) < (self.elastic or 0):
-            who = ", ".join(f"rank {r.rank} on {r.host}" for r in dead)
+            who = self.listed([r.rank for r in dead])
             why = "the survivors stayed stuck in the cell" if not free else f"fewer than {self.elastic} ranks are left"
             raise RankFailure(f"ranks died: {who}; {why}, so the world was stopped; the notebook kernel is fine",
                               "bring the world back with %hpc restart, then run the cell again")
@@ -125,7 +125,7 @@ class Cell:
         restored = world.view().apply_sync(restore_all)
         loaded = time.monotonic()
         step = min((r["step"] for r in restored), default=0)
-        who = ", ".join(f"rank {r.rank} on {r.host}" for r in dead)
+        who = self.listed([r.rank for r in dead])
         self.write(f"hpcai: {who} lost at step {lost_at}; continuing on {len(world.ranks)} ranks from step "
                    f"{step}" + ("" if any(r["restored"] for r in restored) else " (no checkpoint saved yet)")
                    + f" (survivors free {freed - began:.1f} s, renumbered {placed - freed:.1f} s, checkpoint loaded "
@@ -199,7 +199,7 @@ class Cell:
                     raise RanksDied(whole)
                 report = world.launcher_report()
                 self.lost()
-                who = ", ".join(f"rank {r.rank} on {r.host}" for r in dead)
+                who = self.listed([r.rank for r in dead])
                 if initialising:  # e.g. MPI_Init aborting the process, in the rank's boot or in the cell's setup
                     raise HPCAIError(f"initialising {initialising} failed on the ranks: ranks died: {who}"
                                      + (f"\nthe launcher said:\n{report}" if report else ""),
@@ -247,8 +247,7 @@ class Cell:
     def still_running(self, whole: Any) -> str:
         """The ranks whose part of ``whole`` has not ended, by rank and host."""
         outstanding = self.world.connected.outstanding
-        return ", ".join(f"rank {rank} on {self.world.ranks[rank].host}" for rank, msg_id in enumerate(whole.msg_ids)
-                         if msg_id in outstanding)
+        return self.listed([rank for rank, msg_id in enumerate(whole.msg_ids) if msg_id in outstanding])
 
     def tracebacks(self, failed: Outcomes) -> str:
         """Each distinct traceback once, under a line naming its ranks (the rank and its host, or the ranks' ranges
@@ -263,6 +262,16 @@ class Cell:
             return f"rank {ranks[0]} on {self.world.ranks[ranks[0]].host}"
         hosts = list(dict.fromkeys(self.world.ranks[r].host for r in ranks))
         return f"ranks {rank_ranges(ranks)} on {', '.join(hosts) if len(hosts) <= 4 else f'{len(hosts)} nodes'}"
+
+    def listed(self, ranks: list[int]) -> str:
+        """Ranks by rank and host (``rank 0 on n1, rank 2 on n2``); above COLLAPSE_ABOVE of them, by node (``ranks
+        0-7 on n1, rank 9 on n2, ...``)."""
+        if len(ranks) <= COLLAPSE_ABOVE:
+            return ", ".join(f"rank {rank} on {self.world.ranks[rank].host}" for rank in ranks)
+        by_node: dict[str, list[int]] = {}
+        for rank in ranks:
+            by_node.setdefault(self.world.ranks[rank].host, []).append(rank)
+        return ", ".join(self.who(here) for here in by_node.values())
 
     def where_stuck(self, timeout: float = 60) -> str:
         """The ranks' grouped stacks for an error message, or why there are none."""
