@@ -289,8 +289,8 @@ def _output(engines: engines_api.Engines, rank: int) -> None:
         raise HPCAIError(f"no output of rank {rank} from the last cell" if texts else "no cell has run on the ranks",
                          f"name a rank of the last cell: 0-{len(texts) - 1}" if texts else "run a rank cell first")
     stdout, stderr = texts[rank]
-    print(f"rank {rank} on {hosts[rank]}, the last cell: {stdout.count(chr(10))} lines on stdout, "
-          f"{stderr.count(chr(10))} on stderr")
+    lines_out, lines_err = stdout.count("\n"), stderr.count("\n")
+    print(f"rank {rank} on {hosts[rank]}, the last cell: {lines_out} lines on stdout, {lines_err} on stderr")
     print(stdout, end="" if stdout.endswith("\n") or not stdout else "\n")
     if stderr:
         print(stderr, end="", file=sys.stderr)

@@ -144,3 +144,18 @@ def test_dead_or_stuck_ranks_of_a_large_world_are_named_by_node() -> None:
     assert cell.listed([*range(64), 70, 127]) == ("ranks 0-7 on n1, ranks 8-15 on n2, ranks 16-23 on n3, ranks 24-31 on "
                                                   "n4, ranks 32-39 on n5, ranks 40-47 on n6, ranks 48-55 on n7, ranks "
                                                   "56-63 on n8, rank 70 on n9, rank 127 on n16")
+
+
+def test_hpc_output_prints_a_ranks_whole_output_or_says_what_to_do(capsys) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    from jupyter_hpcai.errors import HPCAIError
+    from jupyter_hpcai.magics import _output
+
+    engines = SimpleNamespace(last_output=({0: ("a\nb\n", ""), 1: ("c", "oops\n")}, ["n1", "n2"]))
+    _output(engines, 1)  # type: ignore[arg-type]
+    shown = capsys.readouterr()
+    assert shown.out == "rank 1 on n2, the last cell: 0 lines on stdout, 1 on stderr\nc\n" and shown.err == "oops\n"
+    with pytest.raises(HPCAIError, match="no output of rank 5") as err:
+        _output(engines, 5)  # type: ignore[arg-type]
+    assert err.value.hint == "name a rank of the last cell: 0-1"
