@@ -212,9 +212,11 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
         """A large world's table: one row per node, its readings as min/median/max (%hpc top --node N: its ranks)."""
         by_node = {row[0]: row for row in telemetry.node_rows(self.engines.samples())}
         head = "".join(f"<th>{c}</th>" for c in ("node", "ranks", "running", *telemetry.NODE_COLUMNS[2:]))
+        nodes: dict[str, list[int]] = {}
+        for r in ranks:
+            nodes.setdefault(r.host, []).append(r.rank)
         body = []
-        for host in dict.fromkeys(r.host for r in ranks):
-            here = [r.rank for r in ranks if r.host == host]
+        for host, here in nodes.items():
             dead = [rank for rank in here if not self._alive[rank]]
             row = by_node.get(host, ("",) * len(telemetry.NODE_COLUMNS))
             note = "; ".join([*([f"dead: ranks {rank_ranges(dead)}"] if dead else []), *([row[-1]] if row[-1] else [])])

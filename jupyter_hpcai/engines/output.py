@@ -1,6 +1,6 @@
-"""What a cell run on the ranks shows the user: each rank's output as prefixed lines (three modes: ``auto``, the
-default, collapses above COLLAPSE_ABOVE ranks), failures grouped by identical traceback, and the error that carries
-every rank's outcome. cells.py runs the cell."""
+"""What a cell run on the ranks shows the user: each rank's output as prefixed lines (OUTPUT_MODES: ``auto``, the
+default, collapses above COLLAPSE_ABOVE ranks), lines and failures grouped by identical text, and the error that
+carries every rank's outcome. cells.py runs the cell."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ class Streamer:
             before = {rank: lines[:lines.index(text)] for rank, lines in everyone.items()}
             for rank, lines in everyone.items():
                 del lines[:len(before[rank]) + 1]
-            out += self._heads_until_empty(before) + self._bounded(grouped(dict.fromkeys(everyone, text)))
+            out += self._heads_until_empty(before) + self._bounded([(list(everyone), text)])
         held = any(everyone.values())
         self._held_since = (self._held_since or time.monotonic()) if held else None
         if held and (final or time.monotonic() - self._held_since > HOLD):  # the others print less (rank 0's own)
