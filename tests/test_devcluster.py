@@ -149,6 +149,41 @@ def test_down_stops_everything_and_up_works_again(devcluster: DevCluster, tmp_pa
     assert all(devcluster.status().daemons.values()), "the session's cluster must be untouched"
 
 
+def test_a_killed_cluster_comes_back_without_its_old_jobs_and_names_the_daemon_that_died() -> None:
+    """A run killed with a job running leaves the job in slurmctld's state: started again, the cluster forgets it
+    (the job held the nodes, and the next session's jobs waited behind it). A daemon that died during a session is
+    named, with its log's end, in the session's summary (stopped_daemons)."""
+    import shutil
+    import signal
+    import tempfile
+
+    from jupyter_hpcai.devcluster.pytest_plugin import stopped_daemons
+
+    # a short state folder: under pytest-xdist's tmp_path, slurmstepd's socket for the batch step passes Unix's 108
+    # characters, and the job never starts
+    short = Path(tempfile.mkdtemp(prefix="hpcai-killed-"))
+    other = DevCluster(state_dir=short, nodes=1, gpus_per_node=1, port=7917, first_job_id=600_001,
+                       accounting=False, **OTHER_NETWORK)
+    try:
+        other.up()
+        env = other.environ()
+        job = slurm.submit(["--output=/dev/null", "--wrap=sleep 600"], env=env)
+        wait_until(lambda: (slurm.job_info(job, env) or {}).get("JobState") == "RUNNING", timeout=60, what="the job")
+        assert stopped_daemons(other) == []
+        ctld = next(d for d in other.daemons() if d.name == "slurmctld")
+        os.kill(ctld.pid(), signal.SIGTERM)  # type: ignore[arg-type]  # it saves its state, the job in it
+        wait_until(lambda: ctld.pid() is None, timeout=30, what="slurmctld to stop")
+        said = "\n".join(stopped_daemons(other))
+        assert "slurmctld had stopped before the session's end" in said and "Saving all slurm state" in said, said
+        other.down()  # it cannot cancel the job without slurmctld
+        other.up()
+        assert slurm.job_info(job, other.environ()) is None  # forgotten, not recovered
+        assert [n.state for n in slurm.nodes(other.environ())] == ["idle"]
+    finally:
+        other.down()
+        shutil.rmtree(short, ignore_errors=True)
+
+
 def test_missing_slurm_names_the_install_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr("jupyter_hpcai.devcluster.cluster._SBIN_PATH", str(tmp_path))  # an empty PATH
     with pytest.raises(HPCAIError, match="Slurm is not installed") as err:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from jupyter_hpcai.engines.cells import Cell
+from jupyter_hpcai.engines.cells import Cell, listed, who
 from jupyter_hpcai.engines.output import COLLAPSE_ABOVE, HOLD, Streamer
 from jupyter_hpcai.ranks.identity import rank_ranges
 
@@ -64,7 +64,7 @@ def test_failures_group_by_identical_traceback_with_the_first_shown_in_full() ->
     assert text.startswith("---- ranks 0-126 on 16 nodes: NameError ----\nTraceback")
     assert "ipykernel_4000/" in text  # the first of the group, in full
     assert "---- rank 127 on n16: ValueError ----" in text
-    assert cell.who([0, 1, 8, 9]) == "ranks 0-1,8-9 on n1, n2"
+    assert who([RANKS[r] for r in (0, 1, 8, 9)]) == "ranks 0-1,8-9 on n1, n2"
 
 
 def test_top_sums_a_large_world_up_per_node_and_names_its_stragglers() -> None:
@@ -139,9 +139,8 @@ def test_a_line_only_rank_0_prints_does_not_throw_the_others_out_of_step() -> No
 
 
 def test_dead_or_stuck_ranks_of_a_large_world_are_named_by_node() -> None:
-    cell = Cell(SimpleNamespace(ranks=RANKS), lambda _: None, None, lambda: None)  # type: ignore[arg-type]
-    assert cell.listed([0, 1, 10]) == "rank 0 on n1, rank 1 on n1, rank 10 on n2"  # a few: each by rank and host
-    assert cell.listed([*range(64), 70, 127]) == ("ranks 0-7 on n1, ranks 8-15 on n2, ranks 16-23 on n3, ranks 24-31 on "
+    assert listed([RANKS[r] for r in (0, 1, 10)]) == "rank 0 on n1, rank 1 on n1, rank 10 on n2"  # a few: each by rank and host
+    assert listed([RANKS[r] for r in (*range(64), 70, 127)]) == ("ranks 0-7 on n1, ranks 8-15 on n2, ranks 16-23 on n3, ranks 24-31 on "
                                                   "n4, ranks 32-39 on n5, ranks 40-47 on n6, ranks 48-55 on n7, ranks "
                                                   "56-63 on n8, rank 70 on n9, rank 127 on n16")
 
@@ -159,3 +158,4 @@ def test_hpc_output_prints_a_ranks_whole_output_or_says_what_to_do(capsys) -> No
     with pytest.raises(HPCAIError, match="no output of rank 5") as err:
         _output(engines, 5)  # type: ignore[arg-type]
     assert err.value.hint == "name a rank of the last cell: 0-1"
+

@@ -219,7 +219,8 @@ class DevCluster:
     def up(self, timeout: float = 90) -> None:
         """Start whatever is not running and return when every node accepts jobs. Idempotent."""
         check_prerequisites(self.accounting, self.slurm)
-        if self.running():
+        fresh = not self.running()
+        if not fresh:
             saved = DevCluster.load(self.state_dir)
             if saved != self:
                 differ = [f"{k} {getattr(saved, k)!r}, not {getattr(self, k)!r}" for k in self._settings()
@@ -253,8 +254,8 @@ class DevCluster:
             wait_until(munged.pid, timeout=10, what="munged to start", hint=f"see {log / 'munged.log'}")
         if self.accounting:
             self.acct.up(env)
-        if not ctld.pid():
-            start_daemon(["slurmctld", "-i"], log=log / "slurmctld.start.log", env=env)
+        if not ctld.pid():  # a fresh cluster forgets the jobs and drained nodes of the last (-c); else keeps them
+            start_daemon(["slurmctld", "-c" if fresh else "-i"], log=log / "slurmctld.start.log", env=env)
         for node, daemon in zip(self.node_names, slurmds):
             if not daemon.pid():
                 host = self.net.exec_prefix(node) if self.mode == SEPARATE else []

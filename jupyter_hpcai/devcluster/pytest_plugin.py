@@ -45,6 +45,7 @@ def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
 
 _used: list[DevCluster] = []  # the session's cluster, for the summary line
 _lines: list[str] = []  # that line, from the worker that used the cluster (pytest-xdist's -n)
+_stopped: list[str] = []  # daemons found stopped at the session's end, with their logs' last lines
 
 
 @pytest.fixture(scope="session")
@@ -69,8 +70,26 @@ def devcluster() -> Iterator[DevCluster]:
     os.environ.update(cluster.variables())
     _used.append(cluster)
     yield cluster
+    _stopped.extend(stopped_daemons(cluster))
     if started_here:
         cluster.down()
+
+
+def stopped_daemons(cluster: DevCluster, lines: int = 20) -> list[str]:
+    """Each of the cluster's daemons that no longer runs, with the last lines of its log: what the failures after
+    its end came from (a CI run's output shows nothing else of the cluster)."""
+    said = []
+    daemons = [*cluster.daemons(), *(cluster.acct.daemons() if cluster.accounting else [])]
+    for daemon in daemons:
+        if daemon.pid() is not None:
+            continue
+        slug = daemon.name.replace(" ", "-")
+        logs = [p for p in (cluster.state_dir / "log" / f"{slug}.log", cluster.acct.dir / "log" / f"{slug}.log")
+                if p.exists()]
+        tail = logs[0].read_text(errors="replace").splitlines()[-lines:] if logs else ["(no log)"]
+        said.append(f"dev cluster {cluster.state_dir}: {daemon.name} had stopped before the session's end; the "
+                    f"last lines of its log:\n" + "\n".join(f"  {line}" for line in tail))
+    return said
 
 
 def _summary(cluster: DevCluster) -> str:
@@ -82,7 +101,7 @@ def _summary(cluster: DevCluster) -> str:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if hasattr(session.config, "workeroutput"):  # a worker: the main process prints the line
-        session.config.workeroutput["hpcai-devcluster"] = [_summary(c) for c in _used]
+        session.config.workeroutput["hpcai-devcluster"] = [*(_summary(c) for c in _used), *_stopped]
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's, in the main process
@@ -92,5 +111,5 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Say which network mode the tests ran on (tests that need separate hosts skip without it)."""
-    for line in [*_lines, *(_summary(c) for c in _used)]:
+    for line in [*_lines, *(_summary(c) for c in _used), *_stopped]:
         terminalreporter.write_line(line)

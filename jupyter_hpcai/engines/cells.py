@@ -19,7 +19,7 @@ from ..ranks.continuity import steps as rank_steps
 from ..ranks import stacks as rank_stacks
 from ..ranks.frameworks import FRAMEWORKS
 from .output import COLLAPSE_ABOVE, OUTPUT_MODES, RankFailure, Streamer, Streams, Write, grouped, rank_ranges
-from .running_set import RunningSet
+from .running_set import Rank, RunningSet
 
 CONTINUITY = "__import__('jupyter_hpcai.ranks.continuity', fromlist=['hpc'])"  # the ranks' walltime API
 # seconds the other ranks may take to fail too once one rank's framework initialisation failed; past it, they are
@@ -59,6 +59,25 @@ def framework_setup(world: RunningSet, name: str, elastic: bool = False) -> Call
         preflight(world, name)
     params_of = framework.reformed if (world.changes or waking) and framework.reformed else framework.params
     return partial(calls.init_framework, framework, params_of(world) if params_of else {}, waking)
+
+
+def who(ranks: list[Rank]) -> str:
+    """``rank 3 on n2``, or ``ranks 0-63 on n1-n8`` style: ranges of ranks, and their nodes (how many, past 4)."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0].rank} on {ranks[0].host}"
+    hosts = list(dict.fromkeys(r.host for r in ranks))
+    return f"ranks {rank_ranges([r.rank for r in ranks])} on {', '.join(hosts) if len(hosts) <= 4 else f'{len(hosts)} nodes'}"
+
+
+def listed(ranks: list[Rank]) -> str:
+    """Ranks by rank and host (``rank 0 on n1, rank 2 on n2``); above COLLAPSE_ABOVE of them, by node (``ranks
+    0-7 on n1, rank 9 on n2, ...``). Each Rank carries its host: the world may have been renumbered since."""
+    if len(ranks) <= COLLAPSE_ABOVE:
+        return ", ".join(f"rank {r.rank} on {r.host}" for r in ranks)
+    by_node: dict[str, list[Rank]] = {}
+    for rank in ranks:
+        by_node.setdefault(rank.host, []).append(rank)
+    return ", ".join(who(here) for here in by_node.values())
 
 
 class RanksDied(Exception):
@@ -114,9 +133,9 @@ class Cell:
         gone = {r.engine_id for r in dead}
         survivors = [r.engine_id for r in world.ranks if r.engine_id not in gone]
         if not free or len(world.ranks) - len(dead) < (self.elastic or 0):
-            who = self.listed([r.rank for r in dead])
+            names = listed(dead)
             why = "the survivors stayed stuck in the cell" if not free else f"fewer than {self.elastic} ranks are left"
-            raise RankFailure(f"ranks died: {who}; {why}, so the world was stopped; the notebook kernel is fine",
+            raise RankFailure(f"ranks died: {names}; {why}, so the world was stopped; the notebook kernel is fine",
                               "bring the world back with %hpc restart, then run the cell again")
         lost_at = max(world.connected[survivors].apply_sync(rank_steps), default=0)
         freed = time.monotonic()
@@ -125,8 +144,8 @@ class Cell:
         restored = world.view().apply_sync(restore_all)
         loaded = time.monotonic()
         step = min((r["step"] for r in restored), default=0)
-        who = self.listed([r.rank for r in dead])
-        self.write(f"hpcai: {who} lost at step {lost_at}; continuing on {len(world.ranks)} ranks from step "
+        names = listed(dead)
+        self.write(f"hpcai: {names} lost at step {lost_at}; continuing on {len(world.ranks)} ranks from step "
                    f"{step}" + ("" if any(r["restored"] for r in restored) else " (no checkpoint saved yet)")
                    + f" (survivors free {freed - began:.1f} s, renumbered {placed - freed:.1f} s, checkpoint loaded "
                    f"{loaded - placed:.1f} s; the framework starts again with the cell)\n")
@@ -199,12 +218,12 @@ class Cell:
                     raise RanksDied(whole)
                 report = world.launcher_report()
                 self.lost()
-                who = self.listed([r.rank for r in dead])
+                names = listed(dead)
                 if initialising:  # e.g. MPI_Init aborting the process, in the rank's boot or in the cell's setup
-                    raise HPCAIError(f"initialising {initialising} failed on the ranks: ranks died: {who}"
+                    raise HPCAIError(f"initialising {initialising} failed on the ranks: ranks died: {names}"
                                      + (f"\nthe launcher said:\n{report}" if report else ""),
                                      "fix the cause above, then %hpc restart")
-                raise RankFailure(f"ranks died: {who}" + (f"\n{report}" if report else "")
+                raise RankFailure(f"ranks died: {names}" + (f"\n{report}" if report else "")
                                   + "\nthe other ranks were stopped; the notebook kernel is fine",
                                   "bring the world back with %hpc restart, then run the cell again")
             if done:
@@ -247,31 +266,15 @@ class Cell:
     def still_running(self, whole: Any) -> str:
         """The ranks whose part of ``whole`` has not ended, by rank and host."""
         outstanding = self.world.connected.outstanding
-        return self.listed([rank for rank, msg_id in enumerate(whole.msg_ids) if msg_id in outstanding])
+        return listed([rank for rank, msg_id in zip(self.world.ranks, whole.msg_ids) if msg_id in outstanding])
 
     def tracebacks(self, failed: Outcomes) -> str:
         """Each distinct traceback once, under a line naming its ranks (the rank and its host, or the ranks' ranges
         and nodes) and the error."""
         alike = grouped({r: CELL_FILE.sub("ipykernel", o["traceback"]) for r, o in failed.items()})
-        return "".join(f"---- {self.who(ranks)}: {failed[ranks[0]]['ename']} ----\n{failed[ranks[0]]['traceback']}"
+        return "".join(f"---- {who([self.world.ranks[r] for r in ranks])}: {failed[ranks[0]]['ename']} ----\n"
+                       f"{failed[ranks[0]]['traceback']}"
                        for ranks, _ in alike)
-
-    def who(self, ranks: list[int]) -> str:
-        """``rank 3 on n2``, or ``ranks 0-63 on n1-n8`` style: ranges of ranks, and their nodes (how many, past 4)."""
-        if len(ranks) == 1:
-            return f"rank {ranks[0]} on {self.world.ranks[ranks[0]].host}"
-        hosts = list(dict.fromkeys(self.world.ranks[r].host for r in ranks))
-        return f"ranks {rank_ranges(ranks)} on {', '.join(hosts) if len(hosts) <= 4 else f'{len(hosts)} nodes'}"
-
-    def listed(self, ranks: list[int]) -> str:
-        """Ranks by rank and host (``rank 0 on n1, rank 2 on n2``); above COLLAPSE_ABOVE of them, by node (``ranks
-        0-7 on n1, rank 9 on n2, ...``)."""
-        if len(ranks) <= COLLAPSE_ABOVE:
-            return ", ".join(f"rank {rank} on {self.world.ranks[rank].host}" for rank in ranks)
-        by_node: dict[str, list[int]] = {}
-        for rank in ranks:
-            by_node.setdefault(self.world.ranks[rank].host, []).append(rank)
-        return ", ".join(self.who(here) for here in by_node.values())
 
     def where_stuck(self, timeout: float = 60) -> str:
         """The ranks' grouped stacks for an error message, or why there are none."""
