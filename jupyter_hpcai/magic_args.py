@@ -104,9 +104,10 @@ def hpc_parser() -> _Parser:
     start.add_argument("--account", help="outside a Slurm job: the account of this kernel's own allocation")
     for name, said in (("stop", "stop the engines (and release this kernel's own Slurm job)"),
                        ("restart", "stop the engines and start them again with the same layout and framework"),
-                       ("status", "each rank: host, GPU, pid, alive"),
                        ("panel", "the ClusterPanel widget: the allocation, the engines and their rank table")):
         sub.add_parser(name, help=said)
+    status = sub.add_parser("status", help=f"each rank: host, GPU, pid, alive (above {COLLAPSE_ABOVE} ranks, each node)")
+    status.add_argument("--ranks", action="store_true", help="every rank, one row each, whatever the world's size")
     attach = sub.add_parser("attach", help="use engines running in this job already (an earlier kernel's, or "
                                            "another notebook's), with what the ranks hold")
     attach.add_argument("cluster_id", nargs="?", help="which set (default: the only one no kernel uses, else the only one)")

@@ -20,6 +20,7 @@ from . import guard, hub_client
 from .engines import own_job, warm
 from .engines.output import COLLAPSE_ABOVE
 from .ranks import telemetry
+from .ranks.identity import rank_ranges
 from .ranks.framework import Framework
 from .ranks.frameworks import FRAMEWORKS
 from .errors import HPCAIError
@@ -150,7 +151,7 @@ def _status(engines: Engines, args: argparse.Namespace) -> None:
     ranks = engines.status()
     if not ranks:
         print("no engines running; start them with %hpc start")
-    _print_ranks(ranks)
+    _print_ranks(ranks, every=args.ranks)
     world = engines.set
     if ranks and world is not None and world.resting:
         print(f"{world.resting} is at rest (idle engines cost less); the next cell that uses it wakes it")
@@ -296,12 +297,31 @@ def _output(engines: engines_api.Engines, rank: int) -> None:
         print(stderr, end="", file=sys.stderr)
 
 
-def _print_ranks(ranks: list[engines_api.Rank]) -> None:
+def _print_ranks(ranks: list[engines_api.Rank], every: bool = False) -> None:
+    """Each rank (host, GPU, pid, job, alive); above COLLAPSE_ABOVE ranks, unless ``every``, a row per node."""
+    if ranks and not every and len(ranks) > COLLAPSE_ABOVE:
+        _print_nodes(ranks)
+        return
     if ranks:
         print(f"  {'rank':>4}  {'host':<12} {'gpu':<4} {'pid':>8}  {'job':<8}  alive")
     for r in ranks:
         print(f"  {r.rank:>4}  {r.host:<12} {r.gpu or '-':<4} {r.pid:>8}  {r.job or '-':<8}  "
               f"{'yes' if r.alive else 'NO (dead)'}")
+
+
+def _print_nodes(ranks: list[engines_api.Rank]) -> None:
+    nodes: dict[str, list[engines_api.Rank]] = {}
+    for r in ranks:
+        nodes.setdefault(r.host, []).append(r)
+    print(f"  {'node':<12} {'ranks':<10} {'gpus':<8} {'job':<8}  alive")
+    for host, here in nodes.items():
+        gpus = [r.gpu for r in here if r.gpu]
+        dead = [r.rank for r in here if not r.alive]
+        print(f"  {host:<12} {rank_ranges(r.rank for r in here):<10} "
+              f"{rank_ranges(map(int, gpus)) if gpus and all(g.isdigit() for g in gpus) else '-':<8} "
+              f"{','.join(dict.fromkeys(r.job or '-' for r in here)):<8}  {len(here) - len(dead)}/{len(here)}"
+              + (f" (dead: ranks {rank_ranges(dead)})" if dead else ""))
+    print(f"  ({len(ranks)} ranks on {len(nodes)} nodes, a row per node; %hpc status --ranks lists each rank)")
 
 
 _guard: guard.WalltimeGuard | None = None

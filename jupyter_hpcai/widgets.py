@@ -23,7 +23,6 @@ from .engines.own_job import Request, waiting
 from .engines.running_set import Rank
 from .errors import HPCAIError
 from .ranks import telemetry
-from .ranks.identity import rank_ranges
 from .scheduler.allocation import project_budget
 from .scheduler.durations import format_duration
 
@@ -210,19 +209,10 @@ class ClusterPanel(w.VBox):  # type: ignore[misc]
 
     def _show_nodes(self, ranks: list[Rank]) -> None:
         """A large world's table: one row per node, its readings as min/median/max (%hpc top --node N: its ranks)."""
-        by_node = {row[0]: row for row in telemetry.node_rows(self.engines.samples())}
-        head = "".join(f"<th>{c}</th>" for c in ("node", "ranks", "running", *telemetry.NODE_COLUMNS[2:]))
-        nodes: dict[str, list[int]] = {}
-        for r in ranks:
-            nodes.setdefault(r.host, []).append(r.rank)
-        body = []
-        for host, here in nodes.items():
-            dead = [rank for rank in here if not self._alive[rank]]
-            row = by_node.get(host, ("",) * len(telemetry.NODE_COLUMNS))
-            note = "; ".join([*([f"dead: ranks {rank_ranges(dead)}"] if dead else []), *([row[-1]] if row[-1] else [])])
-            cells = [host, rank_ranges(here), f"{len(here) - len(dead)}/{len(here)}", *row[2:-1], note]
-            flagged = ' class="hpcai-straggler" style="color:#b00020"' if telemetry.alarming(note) else ""
-            body.append(f"<tr{flagged}>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
+        rows = telemetry.node_table([(r.rank, r.host, self._alive[r.rank]) for r in ranks], self.engines.samples())
+        head = "".join(f"<th>{c}</th>" for c in telemetry.NODE_TABLE_COLUMNS)
+        body = [("<tr{}>".format(' class="hpcai-straggler" style="color:#b00020"' if telemetry.alarming(row[-1]) else "")
+                 + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>") for row in rows]
         self.ranks.value = f'<table class="hpcai-ranks"><tr>{head}</tr>{"".join(body)}</table>'
 
     def _show_walltime(self) -> None:

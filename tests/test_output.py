@@ -159,3 +159,20 @@ def test_hpc_output_prints_a_ranks_whole_output_or_says_what_to_do(capsys) -> No
         _output(engines, 5)  # type: ignore[arg-type]
     assert err.value.hint == "name a rank of the last cell: 0-1"
 
+
+def test_the_rank_table_of_a_large_world_is_a_row_per_node_unless_every_rank_is_asked_for(capsys) -> None:  # type: ignore[no-untyped-def]
+    from jupyter_hpcai.engines.running_set import Rank
+    from jupyter_hpcai.magic_args import hpc_parser, parse
+    from jupyter_hpcai.magics import _print_ranks
+
+    ranks = [Rank(r.rank, r.host, str(r.rank % 8), 1000 + r.rank, r.rank, alive=r.rank != 9, job="7") for r in RANKS]
+    _print_ranks(ranks)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 + 16 + 1  # the head, a row per node, the line that says so
+    assert lines[2].split() == ["n2", "8-15", "0-7", "7", "7/8", "(dead:", "ranks", "9)"]
+    assert "%hpc status --ranks lists each rank" in lines[-1]
+    _print_ranks(ranks[:8])  # up to 8 ranks: each
+    assert len(capsys.readouterr().out.splitlines()) == 1 + 8
+    assert parse(hpc_parser(), "status --ranks").ranks  # and %hpc status --ranks asks for each
+    _print_ranks(ranks, every=True)
+    assert len(capsys.readouterr().out.splitlines()) == 1 + 128

@@ -173,6 +173,43 @@ def test_widget_start_button_starts_two_engines(job_lab: JobLab, tf_env) -> None
         browser.close()
 
 
+LARGE_WORLD = ["%load_ext jupyter_hpcai\n%hpc start --framework none",
+               "import os, signal, jupyter_hpcai.engines as E\nos.kill(E.current().running_set().ranks[5].pid, "
+               "signal.SIGKILL)"]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_the_side_panel_sums_a_large_world_up_per_node(devcluster, tf_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """12 ranks on 2 nodes (a job of 6 tasks a node, no GPUs), more than the 8 the panel lists one by one: a row per
+    node instead (its ranks, how many run, its readings as min/median/max), and a rank that dies shows on its node's
+    row and, in full, under Flagged ranks."""
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with lab_in_job(tf_env, tmp_path, shape=("-N2", "--ntasks-per-node=6")) as lab, sync_playwright() as p:
+        browser, page = _notebook_page(p, lab, tf_env, "large.ipynb", LARGE_WORLD)
+        page.keyboard.press("Shift+Enter")
+        page.click('li[data-id="hpcai-panel"]')
+        node = "#hpcai-panel table.hpcai-nodes tr.hpcai-node"
+        try:
+            page.wait_for_function(f"[...document.querySelectorAll('{node}')].filter(r => "
+                                   "/^n[12]\\s+ranks (0-5|6-11)\\s+6\\/6 running$/.test(r.innerText.trim())).length === 2",
+                                   timeout=240_000)
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "side-panel-large-world-failed.png"))
+            raise
+        assert page.locator("#hpcai-panel tr.hpcai-rank").count() == 0  # no row per rank
+        assert "12 ranks on 2 nodes: a row per node" in page.inner_text("#hpcai-panel")
+        page.keyboard.press("Shift+Enter")  # rank 5 killed
+        page.wait_for_function(f"[...document.querySelectorAll('{node}')].some(r => r.innerText.includes("
+                               "'5/6 running') && r.nextSibling.innerText.includes('dead: ranks 5'))", timeout=60_000)
+        flagged = page.locator("#hpcai-panel tr.hpcai-rank")
+        assert flagged.count() == 1 and re.match(r"5\s+\S+\s+.*dead$", flagged.inner_text().strip()), flagged.inner_text()
+        page.screenshot(path=str(ARTIFACTS / "side-panel-large-world.png"))
+        browser.close()
+
+
 TOUR = ["%load_ext jupyter_hpcai\n%hpc start",
         "%%horovod_run\nimport tensorflow as tf\ntotal = hvd.allreduce(tf.constant(float(rank + 1)), op=hvd.Sum)\n"
         "print(f'rank {rank} of {size}: allreduce = {float(total)}')",

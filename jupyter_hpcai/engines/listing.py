@@ -19,6 +19,7 @@ from ..contract import RANK_TABLE, SET_FOLDERS, RankTable
 from ..errors import HPCAIError
 from ..ranks import telemetry
 from ..scheduler.allocation import JOB_STATE_VAR
+from .output import COLLAPSE_ABOVE
 
 PROCESSES = "engines"  # in the job's private folder: one file per set, the pids the batch shell stops at its exit
 RANK_SET_NAMES = ("hpcai", "jupyter_hpcai.engines.launch:ranksetlauncher")  # how ipyparallel writes our launcher
@@ -242,7 +243,8 @@ def stacks(cluster_id: str, native: bool = False) -> list[dict[str, Any]]:
 def list_engine_sets(job: str | None = None, connect_timeout: float = 2.0) -> list[dict[str, Any]]:
     """Each hpcai engine set (of Slurm job ``job`` only, if given): cluster id, engines asked for and registered,
     launcher, controller state, whether a kernel uses it, and each rank (rank, host, GPU, pid, alive) with its
-    latest telemetry."""
+    latest telemetry; above COLLAPSE_ABOVE ranks, ``nodes`` too: a row per node (telemetry.node_table) for the lab
+    panel to show instead of a row per rank."""
     sets = []
     for engine_set in engine_sets() if job is None else job_sets(job):
         registered: set[int] = set()
@@ -254,13 +256,18 @@ def list_engine_sets(job: str | None = None, connect_timeout: float = 2.0) -> li
                 client.close()
             except Exception:  # a controller that stopped answering counts as not running
                 controller_running = False
-        samples = {row["rank"]: row for row in telemetry.summary(telemetry.read(engine_set.folder))}
+        read = telemetry.read(engine_set.folder)
+        samples = {row["rank"]: row for row in telemetry.summary(read)}
         ranks = [{**rank, "alive": controller_running and rank["engine_id"] in registered,
                   "telemetry": samples.get(rank["rank"])} for rank in engine_set.table.get("ranks", [])]
         sets.append({"cluster_id": engine_set.cluster_id, "engines": engine_set.asked, "registered": len(registered),
                      "launcher": engine_set.launcher,
                      "state": "running" if controller_running and registered else "stopped",
                      "attached": engine_set.attached, "ranks": ranks})
+        if len(ranks) > COLLAPSE_ABOVE:
+            members = [(r["rank"], r["host"], r["alive"]) for r in ranks]
+            sets[-1]["nodes"] = [dict(zip(telemetry.NODE_TABLE_COLUMNS, row))
+                                 for row in telemetry.node_table(members, read)]
     return sets
 
 

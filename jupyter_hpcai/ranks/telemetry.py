@@ -314,6 +314,25 @@ def node_rows(samples: list[Sample], ratio: float | None = None) -> list[tuple[s
              note(group)) for host, group in nodes.items()]
 
 
+NODE_TABLE_COLUMNS = ("node", "ranks", "running", *NODE_COLUMNS[2:])
+
+
+def node_table(members: list[tuple[int, str, bool]], samples: list[Sample]) -> list[tuple[str, ...]]:
+    """A large world's panel rows (``NODE_TABLE_COLUMNS``): node_rows with how many of each node's ranks run, and
+    its dead ranks named first in the note. ``members``: each rank's (rank, host, alive), in rank order."""
+    readings = {row[0]: row for row in node_rows(samples)}
+    nodes: dict[str, list[tuple[int, bool]]] = {}
+    for rank, host, alive in members:
+        nodes.setdefault(host, []).append((rank, alive))
+    table = []
+    for host, here in nodes.items():
+        dead = [rank for rank, alive in here if not alive]
+        row = readings.get(host, ("",) * len(NODE_COLUMNS))
+        note = "; ".join([*([f"dead: ranks {rank_ranges(dead)}"] if dead else []), *([row[-1]] if row[-1] else [])])
+        table.append((host, rank_ranges(r for r, _ in here), f"{len(here) - len(dead)}/{len(here)}", *row[2:-1], note))
+    return table
+
+
 def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB"):
         if n < 1024:
@@ -322,5 +341,6 @@ def _size(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-__all__ = ["COLUMNS", "NODE_COLUMNS", "Sample", "alarming", "keras_callback", "node_rows", "read", "rows", "step", "stragglers",
+__all__ = ["COLUMNS", "NODE_COLUMNS", "NODE_TABLE_COLUMNS", "Sample", "alarming", "keras_callback", "node_rows",
+           "node_table", "read", "rows", "step", "stragglers",
            "summary", "torch_hook"]

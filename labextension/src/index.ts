@@ -62,6 +62,20 @@ interface IEngineSet {
   state: string;
   attached: boolean;
   ranks: IRank[];
+  nodes?: INodeRow[]; // above 8 ranks: a row per node, which the panel shows instead of a row per rank
+}
+
+/** One node of a large world (the server's telemetry.node_table; readings as min/median/max over its ranks). */
+interface INodeRow {
+  node: string;
+  ranks: string;
+  running: string;
+  'CPU %': string;
+  RSS: string;
+  'GPU %': string;
+  'GPU mem': string;
+  'rate /s': string;
+  note: string;
 }
 
 interface IStackGroup {
@@ -71,6 +85,7 @@ interface IStackGroup {
 }
 
 const REFRESH_MS = 2000;
+const MAX_FLAGGED = 16; // flagged ranks shown each in full under a large world's node rows
 const RECENT_JOBS_MS = 60000; // the recent jobs' ends: the server reads Slurm's accounting once a minute at most
 const WARN_SECONDS = 15 * 60;
 // What the hub's proxy answers once the single-user server is gone (424: not running; 502/503: going away)
@@ -369,11 +384,7 @@ class AllocationPanel extends Widget {
             `hold is still there: <code>%hpc attach ${escape(e.cluster_id)}</code> in a notebook, or Stop.</p>`
         );
       }
-      parts.push(
-        '<table class="hpcai-engines"><tr><th>rank</th><th>host</th><th>GPU</th><th>pid</th><th>state</th></tr>' +
-          e.ranks.map(r => this.rankRow(r)).join('') +
-          '</table>'
-      );
+      parts.push(e.nodes ? this.nodeTable(e.nodes, e.ranks) : this.rankTable(e.ranks));
       const stacks = this._stacks.get(e.cluster_id);
       if (stacks !== undefined) {
         parts.push(`<pre class="hpcai-stacks">${escape(stacks)}</pre>`);
@@ -398,6 +409,47 @@ class AllocationPanel extends Widget {
       button.onclick = () => void this.stopSet(button.dataset.cluster ?? '');
     });
     this.tick();
+  }
+
+  private rankTable(ranks: IRank[]): string {
+    return (
+      '<table class="hpcai-engines"><tr><th>rank</th><th>host</th><th>GPU</th><th>pid</th><th>state</th></tr>' +
+      ranks.map(r => this.rankRow(r)).join('') +
+      '</table>'
+    );
+  }
+
+  /** A large world: a row per node (two, to fit a narrow panel), then the flagged ranks (dead, straggling or
+   * silent) each in full, so that the one straggler in 128 is on the screen. */
+  private nodeTable(nodes: INodeRow[], ranks: IRank[]): string {
+    const rows = nodes.map(n => {
+      const flagged = /straggler|no sample|dead/.test(n.note) ? ' hpcai-flagged' : '';
+      const detail = [
+        `CPU ${n['CPU %']}%`,
+        n.RSS,
+        n['GPU %'] === '-' ? 'GPU -' : `GPU ${n['GPU %']}% ${n['GPU mem']}`,
+        ...(n['rate /s'] === '-' ? [] : [`${n['rate /s']}/s`])
+      ].join(' · ');
+      return (
+        `<tr class="hpcai-node${flagged}"><td>${escape(n.node)}</td><td colspan="2">ranks ${escape(n.ranks)}</td>` +
+        `<td colspan="2">${escape(n.running)} running</td></tr>` +
+        `<tr class="hpcai-telemetry${flagged}"><td colspan="5">${escape(detail)}` +
+        (n.note ? `<br>${escape(n.note)}` : '') +
+        '</td></tr>'
+      );
+    });
+    const flagged = ranks.filter(r => !r.alive || r.telemetry?.straggler || (r.telemetry && !r.telemetry.fresh));
+    return (
+      `<p class="hpcai-muted">${ranks.length} ranks on ${nodes.length} node${nodes.length === 1 ? '' : 's'}: ` +
+      'a row per node, each reading ' +
+      'min/median/max over its ranks.</p>' +
+      '<table class="hpcai-engines hpcai-nodes"><tr><th>node</th><th colspan="2">ranks</th>' +
+      '<th colspan="2">state</th></tr>' +
+      rows.join('') +
+      '</table>' +
+      (flagged.length ? '<h3>Flagged ranks</h3>' + this.rankTable(flagged.slice(0, MAX_FLAGGED)) : '') +
+      (flagged.length > MAX_FLAGGED ? `<p class="hpcai-muted">and ${flagged.length - MAX_FLAGGED} more</p>` : '')
+    );
   }
 
   /** Two rows per rank, to fit a narrow panel: who it is, then its telemetry with a sparkline. */

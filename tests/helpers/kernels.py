@@ -258,9 +258,14 @@ class JobLab:
     job_id: int
 
 
+LAB_JOB = ("-N1", "--nodelist=n1", "--ntasks-per-node=2", "--gpus-per-node=2")
+
+
 @contextmanager
-def lab_in_job(tf_env: EnvDir, work: Path, walltime: str = "00:30:00") -> Iterator[JobLab]:
-    """JupyterLab inside a 1-node job (n1) with 2 fake GPUs and ``walltime``; the job is cancelled afterwards."""
+def lab_in_job(tf_env: EnvDir, work: Path, walltime: str = "00:30:00", shape: tuple[str, ...] = LAB_JOB
+               ) -> Iterator[JobLab]:
+    """JupyterLab inside a job of ``shape`` (sbatch's options; by default 1 node, n1, with 2 fake GPUs) and
+    ``walltime``; the job is cancelled afterwards."""
     import secrets
     import sys
 
@@ -277,8 +282,7 @@ def lab_in_job(tf_env: EnvDir, work: Path, walltime: str = "00:30:00") -> Iterat
     cmd = (f"{Path(sys.executable).parent}/jupyter-lab --no-browser --allow-root --ip={NODE_ADDRESS} --port={port} "
            f"--IdentityProvider.token={token} --ServerApp.root_dir={work}")
     # on n1, as the tests read it: the previous test's job may still be completing there (Slurm would pick n2)
-    job = slurm.submit(["-N1", "--nodelist=n1", "--ntasks-per-node=2", "--gpus-per-node=2", f"--time={walltime}",
-                        f"--output={work}/lab.log", "--wrap", cmd],
+    job = slurm.submit([*shape, f"--time={walltime}", f"--output={work}/lab.log", "--wrap", cmd],
                        env={**os.environ, "JUPYTER_PATH": str(work / "share" / "jupyter"),
                             "JUPYTERLAB_SETTINGS_DIR": str(work / "settings"), "IPYTHONDIR": str(work / "ipython")})
     try:
