@@ -111,5 +111,5 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Say which network mode the tests ran on (tests that need separate hosts skip without it)."""
-    for line in [*_lines, *(_summary(c) for c in _used), *_stopped]:
+    for line in dict.fromkeys([*_lines, *(_summary(c) for c in _used), *_stopped]):  # each worker's, once
         terminalreporter.write_line(line)

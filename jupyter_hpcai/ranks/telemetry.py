@@ -286,9 +286,11 @@ def alarming(note: str) -> bool:
 NODE_COLUMNS = ("node", "ranks", "CPU %", "RSS", "GPU %", "GPU mem", "rate /s", "note")
 
 
-def node_rows(samples: list[Sample], ratio: float | None = None) -> list[tuple[str, ...]]:
+def node_rows(samples: list[Sample], ratio: float | None = None, dead: frozenset[int] = frozenset()
+              ) -> list[tuple[str, ...]]:
     """The samples summed up per node (``NODE_COLUMNS``): each reading as min/median/max over the node's ranks
-    (one value where they agree), and the ranks that are stragglers or silent named; nodes in rank order."""
+    (one value where they agree), and the ranks that are stragglers or silent (``dead`` ones aside) named; nodes
+    in rank order."""
     ratio = straggler_share() if ratio is None else ratio
     slow, now = stragglers(samples, ratio), time.time()
     nodes: dict[str, list[Sample]] = {}
@@ -303,7 +305,7 @@ def node_rows(samples: list[Sample], ratio: float | None = None) -> list[tuple[s
         return show(low) if low == high else "/".join(show(v) for v in (low, middle, high))
 
     def note(group: list[Sample]) -> str:
-        silent = [s.rank for s in group if not s.fresh(now)]
+        silent = [s.rank for s in group if not s.fresh(now) and s.rank not in dead]
         slow_here = [s.rank for s in group if s.rank in slow and s.fresh(now)]
         return "; ".join([*([f"no sample: ranks {rank_ranges(silent)}"] if silent else []),
                           *([f"straggler: ranks {rank_ranges(slow_here)}"] if slow_here else [])])
@@ -320,14 +322,14 @@ NODE_TABLE_COLUMNS = ("node", "ranks", "running", *NODE_COLUMNS[2:])
 def node_table(members: list[tuple[int, str, bool]], samples: list[Sample]) -> list[tuple[str, ...]]:
     """A large world's panel rows (``NODE_TABLE_COLUMNS``): node_rows with how many of each node's ranks run, and
     its dead ranks named first in the note. ``members``: each rank's (rank, host, alive), in rank order."""
-    readings = {row[0]: row for row in node_rows(samples)}
+    readings = {row[0]: row for row in node_rows(samples, dead=frozenset(r for r, _, alive in members if not alive))}
     nodes: dict[str, list[tuple[int, bool]]] = {}
     for rank, host, alive in members:
         nodes.setdefault(host, []).append((rank, alive))
     table = []
     for host, here in nodes.items():
         dead = [rank for rank, alive in here if not alive]
-        row = readings.get(host, ("",) * len(NODE_COLUMNS))
+        row = readings.get(host, (host, "", *("-",) * (len(NODE_COLUMNS) - 3), ""))  # no sample from it yet
         note = "; ".join([*([f"dead: ranks {rank_ranges(dead)}"] if dead else []), *([row[-1]] if row[-1] else [])])
         table.append((host, rank_ranges(r for r, _ in here), f"{len(here) - len(dead)}/{len(here)}", *row[2:-1], note))
     return table

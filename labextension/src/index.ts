@@ -424,7 +424,7 @@ class AllocationPanel extends Widget {
   private nodeTable(nodes: INodeRow[], ranks: IRank[]): string {
     const rows = nodes.map(n => {
       const flagged = /straggler|no sample|dead/.test(n.note) ? ' hpcai-flagged' : '';
-      const detail = [
+      const detail = n['CPU %'] === '-' ? 'no telemetry yet' : [
         `CPU ${n['CPU %']}%`,
         n.RSS,
         n['GPU %'] === '-' ? 'GPU -' : `GPU ${n['GPU %']}% ${n['GPU mem']}`,
