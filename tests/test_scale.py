@@ -5,10 +5,14 @@ The local launcher outside Slurm starts them (the registration storm does not de
 128 processes build their kernels on 2 cores). Before registration_args, the controller gave up on a registration
 after 30 s, while these engines took 30-45 s from their registration to their first heartbeat: 109 of 128 joined in
 a control run with the old setting, and on a 16-node dev cluster 0 of 128 (the issue's "only 28 of 128").
+
+Then worlds of 64, 32 and 8 ranks, and at each size an empty cell's wall and kernel CPU time through ours, %%px and
+ipyparallel's coalescing BroadcastView (bench/overhead.py's cell_costs).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -19,18 +23,25 @@ import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
 RANKS = 128
+SIZES = (RANKS, 64, 32, 8)
 START = """
-import os, sys, time
+import json, time
 import jupyter_hpcai.engines as E
+from jupyter_hpcai.bench.overhead import cell_costs
 engines = E.current()
-t = time.monotonic()
-engines.start(n={n}, launcher="local", framework=None, timeout=400)
-ready = time.monotonic() - t
-values = engines.run("rank", framework=None, write=lambda _: None)
-t = time.monotonic()
-engines.stop()
-print(ready, sorted(values.values()) == list(range({n})), time.monotonic() - t)
-"""
+found = {}
+for n in %r:
+    t = time.monotonic()
+    engines.start(n=n, launcher="local", framework=None, timeout=400)
+    ready = time.monotonic() - t
+    values = engines.run("rank", framework=None, write=lambda _: None)
+    costs = cell_costs(engines)
+    t = time.monotonic()
+    engines.stop()
+    found[n] = {"ready": ready, "numbered": sorted(values.values()) == list(range(n)), "stop": time.monotonic() - t,
+                "cells": costs}
+print(json.dumps(found))
+""" % (SIZES,)
 
 
 @pytest.fixture
@@ -45,11 +56,22 @@ def test_128_ranks_start_register_and_stop(outside_slurm: dict[str, str], bench:
                           env=outside_slurm)
     bare_s = time.monotonic() - t
     assert bare.returncode == 0, bare.stderr[-2000:]
-    done = subprocess.run([sys.executable, "-c", START.format(n=RANKS)], capture_output=True, text=True, timeout=900,
-                          env=outside_slurm)
+    done = subprocess.run([sys.executable, "-c", START], capture_output=True, text=True, timeout=1500, env=outside_slurm)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    ready, numbered, stopped = done.stdout.split()[-3:]
-    assert numbered == "True", done.stdout[-2000:]  # every rank answered a cell, numbered 0..127
-    bench.append(f"scale: {RANKS} engines ready in {float(ready):.1f} s, {float(ready) / bare_s:.2f}x a bare start of "
+    found = {int(n): v for n, v in json.loads(done.stdout.splitlines()[-1]).items()}
+    assert all(found[n]["numbered"] for n in SIZES), found  # every rank answered a cell, numbered 0..n-1
+    ready, stopped = found[RANKS]["ready"], found[RANKS]["stop"]
+    bench.append(f"scale: {RANKS} engines ready in {ready:.1f} s, {ready / bare_s:.2f}x a bare start of "
                  f"{RANKS} processes importing the engine ({bare_s:.1f} s, local launcher, 2 cores); stop "
-                 f"{float(stopped):.1f} s")
+                 f"{stopped:.1f} s")
+    cells = {n: found[n]["cells"] for n in sorted(SIZES)}
+
+    def each(way: str, what: str) -> str:
+        return "/".join(f"{cells[n][way][what] * 1e3:.0f}" for n in cells)
+
+    bench.append(f"empty cell at {'/'.join(map(str, cells))} ranks (local launcher, 2 cores; ms, medians of 7 "
+                 f"alternating): kernel CPU ours {each('ours', 'cpu')}, %%px {each('px', 'cpu')}, BroadcastView "
+                 f"{each('broadcast', 'cpu')}; wall ours {each('ours', 'wall')}, %%px {each('px', 'wall')}, "
+                 f"BroadcastView {each('broadcast', 'wall')}; ours at {RANKS} / at 8: kernel CPU "
+                 f"{cells[RANKS]['ours']['cpu'] / cells[8]['ours']['cpu']:.1f}x; ours / BroadcastView wall at {RANKS}: "
+                 f"{cells[RANKS]['ours']['wall'] / cells[RANKS]['broadcast']['wall']:.2f}")

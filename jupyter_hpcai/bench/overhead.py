@@ -143,6 +143,31 @@ def magic_dispatch(engines: Engines, times: int) -> dict[str, list[float]]:
     return samples
 
 
+def _nothing() -> None:
+    """The empty cell of BroadcastView (its coalescing apply; its execute does not coalesce)."""
+
+
+def cell_costs(engines: Engines, times: int = 7) -> dict[str, dict[str, float]]:
+    """Wall and kernel (this process's) CPU seconds per empty cell, medians of ``times`` alternating: ours
+    (Engines.run, framework none), %%px --block (DirectView.execute, what it runs) and ipyparallel's coalescing
+    BroadcastView, on the same engines."""
+    world = engines.running_set()
+    ids = [r.engine_id for r in world.ranks]
+    ways: dict[str, Callable[[], object]] = {
+        "ours": lambda: engines.run("pass", framework=None, write=lambda _: None),
+        "px": lambda: world.connected[ids].execute("pass", block=True),
+        "broadcast": lambda: world.connected.broadcast_view(targets=ids, is_coalescing=True).apply_sync(_nothing)}
+    samples: dict[str, tuple[list[float], list[float]]] = {way: ([], []) for way in ways}
+    for i in range(times + 1):  # the first round warms each way up, and is dropped
+        for way, action in (list(ways.items()) if i % 2 else list(ways.items())[::-1]):
+            wall, cpu = time.perf_counter(), time.process_time()
+            action()
+            if i:
+                samples[way][0].append(time.perf_counter() - wall)
+                samples[way][1].append(time.process_time() - cpu)
+    return {way: {"wall": statistics.median(w), "cpu": statistics.median(c)} for way, (w, c) in samples.items()}
+
+
 def engines_overhead(allocation: Allocation, n: int | None = None, times: int = 3,
                      dispatches: int = 20) -> dict[str, Any]:
     """The three ways to Horovod-ready engines, alternating, ``times`` each; then dispatch on ours, alternating

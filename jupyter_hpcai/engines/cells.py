@@ -174,7 +174,7 @@ class Cell:
         """One run_cell request to every rank, watched and streamed; each rank's outcome, by rank."""
         client = self.world.connected
         ids = [r.engine_id for r in self.world.ranks]
-        whole = self.last = client[ids].apply_async(calls.run_cell, code, first_line, push, setup)  # in rank order
+        whole = self.last = self.world.broadcast(calls.run_cell, code, first_line, push, setup)
         streamer = Streamer(self.world.ranks, output, self.write)
         try:
             self._watch(whole, streamer, initialising)

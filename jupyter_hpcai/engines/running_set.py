@@ -309,6 +309,17 @@ class RunningSet:
         """A DirectView on the ranks, in rank order (for %%px and ipyparallel's own API)."""
         return self.connected[[r.engine_id for r in self.ranks]]
 
+    def broadcast(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)`` on every rank as one request (the controller's broadcast scheduler fans it out), each
+        rank's reply and output apart, in rank order: the kernel's cost to send no longer grows with N. Its
+        AsyncResult."""
+        view = self.connected.broadcast_view(targets=[r.engine_id for r in self.ranks], is_coalescing=False)
+        result = view.apply_async(function, *args)
+        # ipyparallel 9 leaves the request's own id outstanding for ever (the replies come under one id per rank):
+        # the client would never look idle (rest() asks it)
+        self.connected.outstanding.discard(result.msg_ids[0].rsplit("_", 1)[0])
+        return result
+
     def call(self, rank: int, function: Callable[..., Any], *args: Any) -> Any:
         """``function(*args)`` on one rank, its result (frameworks' params use it)."""
         return self.connected[self.ranks[rank].engine_id].apply_sync(function, *args)
