@@ -75,3 +75,21 @@ def test_128_ranks_start_register_and_stop(outside_slurm: dict[str, str], bench:
                  f"BroadcastView {each('broadcast', 'wall')}; ours at {RANKS} / at 8: kernel CPU "
                  f"{cells[RANKS]['ours']['cpu'] / cells[8]['ours']['cpu']:.1f}x; ours / BroadcastView wall at {RANKS}: "
                  f"{cells[RANKS]['ours']['wall'] / cells[RANKS]['broadcast']['wall']:.2f}")
+    bench.append(_model(found))
+
+
+def _model(found: dict[int, dict]) -> str:  # type: ignore[type-arg]
+    """512 and 1,024 ranks on paper: a least-squares line through the 4 sizes measured here, per quantity."""
+    from statistics import linear_regression
+
+    quantities = {"start": lambda f: f["ready"], "stop": lambda f: f["stop"],
+                  "empty cell wall": lambda f: f["cells"]["ours"]["wall"],
+                  "its kernel CPU": lambda f: f["cells"]["ours"]["cpu"]}
+    said = []
+    for name, read in quantities.items():
+        slope, intercept = linear_regression(list(found), [read(found[n]) for n in found])
+        said.append(f"{name} " + " / ".join(f"{intercept + slope * n:.1f}" for n in (512, 1024))
+                    + f" s ({slope * 1e3:.1f} ms a rank)")
+    return ("model at 512 / 1,024 ranks (a line through the sizes measured here; the engines share 2 cores, so start "
+            "and wall are upper bounds for ranks with cores of their own): " + "; ".join(said))
+
