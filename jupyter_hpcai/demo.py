@@ -70,9 +70,15 @@ class HubProcess:
                                     cwd=self.state, env=self.env(),
                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         (self.state / "hub.pid").write_text(str(proc.pid))
-        wait_until(lambda: self.answers() or proc.poll() is not None, timeout=120, what="the hub to answer")
+        try:
+            wait_until(lambda: self.answers() or proc.poll() is not None, timeout=120, what="the hub to answer")
+        except HPCAIError:
+            HubProcess.stop(self)
+            raise HPCAIError(f"the hub did not answer at {self.url} within 120 s; it and its proxy were stopped",
+                             f"see {self.log}") from None
         if proc.poll() is not None:
-            raise HPCAIError(f"the hub exited at start:\n{self.log.read_text()[-2000:]}", f"see {self.log}")
+            HubProcess.stop(self)  # its proxy: a hub whose start fails leaves it running (cleanup_proxy is off)
+            raise start_failure(self.log.read_text(errors="replace"), self.log)
         return proc
 
     def stop(self) -> list[str]:
@@ -130,6 +136,21 @@ class HubProcess:
         if status != 201:
             raise HPCAIError(f"could not create a token for {user}: {body}")
         return str(body["token"])
+
+
+def start_failure(log: str, path: Path) -> HPCAIError:
+    """Why a hub exited at start, from its log: an address it could not listen on named, with what to check."""
+    hub = re.search(r"Failed to bind hub to (\S+)", log)
+    proxy = re.search(r"(EADDRINUSE|EADDRNOTAVAIL)[^\n]*?(\S+:\d+)\s*$", log, re.MULTILINE)
+    if hub or proxy:
+        errno = re.findall(r"\[Errno \d+\] ([^\n]+)", log)
+        where = f"its API on {hub.group(1)}" if hub else f"its proxy on {proxy.group(2)}"  # type: ignore[union-attr]
+        why = errno[-1] if hub and errno else proxy.group(1) if proxy else "see the log"
+        return HPCAIError(f"the hub could not listen: {where} ({why}); it and its proxy were stopped",
+                          "check that the address is this host's (ip -brief address; the dev cluster's bridge is "
+                          "there only while the cluster is up: hpcai devcluster status) and that nothing else "
+                          f"listens on the port (ss -ltnp); the hub's log: {path}")
+    return HPCAIError(f"the hub exited at start; it and its proxy were stopped:\n{log[-2000:]}", f"see {path}")
 
 
 def _running(pid: int, program: str) -> bool:

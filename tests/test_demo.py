@@ -93,3 +93,31 @@ def test_the_check_runs_every_cell_of_the_demo_notebook_and_knows_each(tmp_path:
         (tmp_path / "demo.ipynb").write_text(json.dumps(notebook))
         with pytest.raises(HPCAIError, match="and the demo check knows"):
             check_cells(tmp_path / "demo.ipynb")
+
+
+@pytest.mark.slurm
+def test_a_hub_that_cannot_listen_says_where_and_leaves_no_proxy(devcluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The hub's API address taken (as when another hub runs, or the dev cluster's bridge is down): JupyterHub has
+    started its proxy by then and leaves it running (cleanup_proxy is off); the start stops it and names the
+    address."""
+    import socket
+
+    from helpers.hub import Hub
+
+    taken = socket.socket()
+    taken.bind((devcluster.login_address, 0))
+    taken.listen()
+    hub = Hub(tmp_path / "hub")
+    hub.internal_port = taken.getsockname()[1]
+    try:
+        with pytest.raises(HPCAIError) as err:
+            hub.start()
+    finally:
+        taken.close()
+    address = f"http://{devcluster.login_address}:{hub.internal_port}/hub/"
+    assert f"the hub could not listen: its API on {address} (Address already in use)" in err.value.message, err.value
+    assert "ss -ltnp" in err.value.hint and str(hub.log) in err.value.hint
+    assert "proxy" in hub.log.read_text()  # its proxy had started
+    assert not (tmp_path / "hub" / "proxy.pid").exists()
+    with pytest.raises(ConnectionRefusedError):  # nothing listens on the hub's public port any more
+        socket.create_connection(("127.0.0.1", hub.port), timeout=5).close()
