@@ -33,9 +33,10 @@ class Background:
         """Whether this is the background start's own thread."""
         return self.thread is not None and self.thread is threading.current_thread()
 
-    def start(self, start: Callable[[], object]) -> None:
+    def start(self, start: Callable[[], object], done: Callable[[], object] = lambda: None) -> None:
         """``start()`` (a start, or an attach) in a thread, the kernel going on meanwhile; a failure is kept in
-        ``error`` for the next cell to tell."""
+        ``error`` for the next cell to tell. ``done()`` last, in the thread: what another thread read of the engines
+        while it ended (not running yet: this thread still held them) is out of date by then."""
         def starting() -> None:
             try:
                 start()
@@ -43,6 +44,7 @@ class Background:
                 self.error = err
             except Exception as err:  # any other: a thread's exception would only reach the kernel's log
                 self.error = HPCAIError(f"{type(err).__name__}: {err}")
+            done()
 
         self.error, self.started = None, True
         self.thread = threading.Thread(target=starting, name="hpcai-background-start", daemon=True)

@@ -84,12 +84,17 @@ class Engines(Elastic):
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener) if listener in self._listeners else None
 
+    def announce(self) -> None:
+        """Tell the listeners the state again (a panel drawn from another thread while a start in the background
+        ended saw its state, but not yet its ranks: panels told so drew "running" over "no engines running")."""
+        for listener in list(self._listeners):
+            listener(self)
+
     def _set_state(self, state: State) -> None:
         self.state = state
         if state == "running":
             self.rest.used()
-        for listener in list(self._listeners):
-            listener(self)
+        self.announce()
 
     @property
     def goes_with_kernel(self) -> bool:

@@ -48,9 +48,9 @@ def start_with_kernel(engines: Engines) -> bool:
     if not wanted(engines) or not claim(TAKEN):
         return False
     if claim(STARTED, str(os.getpid())):
-        engines.background.start(lambda: engines.start(framework="auto"))
+        engines.background.start(lambda: engines.start(framework="auto"), done=engines.announce)
     else:
-        engines.background.start(lambda: engines.attach(_ready_set()))
+        engines.background.start(lambda: engines.attach(_ready_set()), done=engines.announce)
     return True
 
 
