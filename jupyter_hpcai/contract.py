@@ -56,7 +56,8 @@ _ROWS = [
     Variable("HPCAI_CONTROLLER_TIMEOUT", ("kernel",), ("rank",),
              "seconds a rank waits for the connection file: the start's timeout (180); 60 when unset"),
     Variable("HPCAI_RANK_FOLDER", ("kernel",), ("rank",),
-             "the engine set's private folder, where each rank writes telemetry-<rank>.json; unset: no telemetry"),
+             "the engine set's private folder, where each rank writes telemetry-<rank>.json and answers stack "
+             "requests; unset: no telemetry, no stacks from the rank's own thread"),
     Variable("HPCAI_TELEMETRY_INTERVAL", ("kernel",), ("rank",),
              "seconds between a rank's telemetry samples (%hpc start --telemetry, default 2; 0: off)"),
     Variable("HPCAI_HOROVOD_RENDEZVOUS", ("kernel",), ("rank",),
@@ -131,6 +132,10 @@ _ROWS = [
              "the default in a container env)"),
     Variable("HPCAI_TORCH_BACKEND", ("user", "tests", "bench"), ("kernel", "rank"),
              "torch.distributed's backend (default: nccl with a GPU, else gloo)"),
+    Variable("HPCAI_STACKS", ("admin", "user"), ("kernel",),
+             "where %hpc stacks and a timeout's report (the kernel's) and the side panel (the server's) read the ranks' "
+             "stacks: auto (py-spy, and each rank's own thread where py-spy cannot attach; the default), py-spy, or "
+             "self"),
     Variable("HPCAI_STRAGGLER_SHARE", ("admin", "user"), ("kernel",),
              "share of the median rate below which a rank is a straggler, in (0, 1) (default 0.67)"),
     Variable("HPCAI_CHECKPOINT_DIR", ("admin", "user"), ("rank",),
@@ -201,6 +206,8 @@ SET_FOLDERS = "hpcai-ranks"  # in the profile: one folder per set
 RANK_TABLE = "ranks.json"  # kernel -> kernel, server: the RankTable below, replaced whole
 RANK_LOG = "rank-{rank}.log"  # rank -> kernel: what srun's rank wrote (the launcher's report after deaths)
 TELEMETRY = "telemetry-{rank}.json"  # rank -> kernel, server: the rank's latest samples (ranks/telemetry.py)
+STACKS_REQUEST = "stacks-request-{token}"  # kernel, server -> rank: each rank answers with its own stack (selfstacks.py)
+STACKS_ANSWER = "stacks-{token}-{host}-{pid}.json"  # rank -> kernel, server: its main thread's frames
 RENDEZVOUS_KEY = "rendezvous.key"  # kernel -> rank: the key of the launch world's rendezvous (0600; frameworks.py)
 
 

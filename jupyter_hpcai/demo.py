@@ -77,7 +77,7 @@ class HubProcess:
             raise HPCAIError(f"the hub did not answer at {self.url} within 120 s; it and its proxy were stopped",
                              f"see {self.log}") from None
         if proc.poll() is not None:
-            HubProcess.stop(self)  # its proxy: a hub whose start fails leaves it running (cleanup_proxy is off)
+            HubProcess.stop(self)  # its proxy: JupyterHub stops it only from the handlers a successful start installs
             raise start_failure(self.log.read_text(errors="replace"), self.log)
         return proc
 

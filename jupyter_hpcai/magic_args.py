@@ -13,6 +13,7 @@ from .engines.output import COLLAPSE_ABOVE, LINES_PER_RANK, OUTPUT_MODES
 from .errors import HPCAIError
 from .ranks import telemetry
 from .ranks.frameworks import FRAMEWORKS
+from .ranks.stacks import SOURCES
 from .scheduler.durations import parse_duration
 
 
@@ -128,8 +129,12 @@ def hpc_parser() -> _Parser:
     output.add_argument("rank", type=int, help="the rank")
     sampling = sub.add_parser("telemetry", help="change how often the running ranks sample themselves")
     sampling.add_argument("seconds", type=_interval, help="seconds between samples (0: off)")
-    stacks = sub.add_parser("stacks", help="every rank's Python stack, identical ones grouped (py-spy)")
-    stacks.add_argument("--native", action="store_true", help="with the C frames")
+    stacks = sub.add_parser("stacks", help="every rank's Python stack, identical ones grouped (py-spy; where it cannot "
+                                           "attach, each rank's own thread)")
+    stacks.add_argument("--native", action="store_true", help="with the C frames (py-spy only)")
+    stacks.add_argument("--source", choices=SOURCES, help="default: $HPCAI_STACKS, else auto. auto: py-spy, and each "
+                        "rank's own thread where py-spy cannot attach (every rank in a container); py-spy (not in a "
+                        "container); self (without --native)")
     checkpoint = sub.add_parser("checkpoint", help="run the ranks' walltime hooks (hpc.on_walltime) now")
     checkpoint.add_argument("path", nargs="?", help="where hpc.Checkpoint saves go this time (default: each one's own)")
     more = sub.add_parser("extend", help="more walltime for this notebook job, within the site's policy")

@@ -160,7 +160,7 @@ def _status(engines: Engines, args: argparse.Namespace) -> None:
 def _stacks(engines: Engines, args: argparse.Namespace) -> None:
     from .ranks.stacks import render
 
-    print(render(engines.stacks(native=args.native)))
+    print(render(engines.stacks(native=args.native, source=args.source)))
 
 
 def _telemetry(engines: Engines, args: argparse.Namespace) -> None:

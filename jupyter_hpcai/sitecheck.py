@@ -272,8 +272,9 @@ def _job_checks(config: Any, spawner: Any, as_user: list[str], partition: str | 
                 "set JupyterHub.hub_connect_ip (and hub_ip) to the login node's address on the compute nodes' network")
     scope = seen.get("ptrace_scope", "?")
     yield Check("ptrace on the nodes (%hpc stacks)", scope in ("0", "none"), f"kernel.yama.ptrace_scope = {scope}",
-                "sysctl kernel.yama.ptrace_scope=0 on the nodes, or %hpc stacks cannot read the ranks' stacks "
-                "(never give py-spy CAP_SYS_PTRACE: every user could read every process)", "warn")
+                "sysctl kernel.yama.ptrace_scope=0 on the nodes, or py-spy cannot read the ranks' stacks and each "
+                "rank's own thread takes them instead, without C frames and not from a rank that holds Python's lock "
+                "in C (never give py-spy CAP_SYS_PTRACE: every user could read every process)", "warn")
     if profile.get("gpus_per_node"):
         gpus = seen.get("gpus", "none")
         yield Check("Slurm hands out GPUs", gpus != "none", f"CUDA_VISIBLE_DEVICES={gpus}",

@@ -230,19 +230,33 @@ def test_timeout_names_the_stuck_ranks_then_restart(world: JobKernel) -> None:
     assert cell.status == "ok" and cell.result == "4"
 
 
+HANG = ("%%horovod_run --timeout 15\nimport time, tensorflow as tf\nif rank == 2:\n    time.sleep(600)\n"
+        "hvd.allreduce(tf.constant(1.0))")
+
+
 def test_a_hang_shows_every_ranks_stack_grouped(world: JobKernel) -> None:
     """One rank sleeps before an allreduce the other three entered: after the timeout, the ranks' stacks (py-spy,
     read while three are blocked inside Horovod's C++ collective) show the three together and the sleeper apart,
     at the cell's own line numbers. Then %hpc stacks on idle engines."""
-    cell = world.run("%%horovod_run --timeout 15\nimport time, tensorflow as tf\nif rank == 2:\n    time.sleep(600)\n"
-                     "hvd.allreduce(tf.constant(1.0))", timeout=180)
+    cell = world.run(HANG, timeout=180)
     assert cell.status == "error"
     assert re.search(r"ranks 0,1,3 \(3 of 4\): in \w+, from cell line 5\n", cell.error), cell.error
     assert "rank 2 (1 of 4): at cell line 4" in cell.error, cell.error
+    assert "(stacks read by py-spy from outside the ranks)" in cell.error
     restarted = world.run("%hpc restart")
     assert restarted.status == "ok", restarted.error
     idle = world.run("%hpc stacks")
     assert idle.status == "ok" and idle.stdout.startswith("ranks 0,1,2,3 (4 of 4): idle (no cell running)"), idle.stdout
+    # as where py-spy cannot attach (ptrace forbidden, a container): each rank's own thread takes its stack, while
+    # three wait in Horovod's collective, which lets go of Python's lock
+    world.run("import os\nos.environ['HPCAI_STACKS'] = 'self'")
+    try:
+        cell = world.run(HANG, timeout=180)
+    finally:
+        world.run("del os.environ['HPCAI_STACKS']")
+    assert re.search(r"ranks 0,1,3 \(3 of 4\): in \w+, from cell line 5\n", cell.error), cell.error
+    assert "rank 2 (1 of 4): at cell line 4" in cell.error and "(stacks taken by each rank's own thread)" in cell.error
+    assert world.run("%hpc restart").status == "ok"
 
 
 LOAD = """import os, time

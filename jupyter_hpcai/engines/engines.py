@@ -262,9 +262,10 @@ class Engines(Elastic):
         self.running_set().set_telemetry(interval)
         self.telemetry_interval = interval
 
-    def stacks(self, native: bool = False, timeout: float = 60) -> list[rank_stacks.StackGroup]:
-        """Every rank's Python stack, identical ones grouped; ``native`` adds the C frames."""
-        return self.running_set().stacks(native, timeout)
+    def stacks(self, native: bool = False, timeout: float = 60, source: str | None = None
+               ) -> list[rank_stacks.StackGroup]:
+        """Every rank's Python stack, identical ones grouped; ``native`` adds the C frames; ``source``: stacks.py."""
+        return self.running_set().stacks(native, timeout, source)
 
     def view(self) -> ipp.DirectView:
         """A DirectView on the ranks, in rank order (for %%px and ipyparallel's own API)."""

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,10 @@ def create_set_folder(profile_dir: Path, cluster_id: str) -> Path:
     for folder in reversed([path, *path.parents]):
         if not folder.exists():
             folder.mkdir(mode=0o700, exist_ok=True)  # another kernel's start may make it at the same moment
+    found = path.lstat()  # the ranks write and the kernel reads here: another's folder, or a link, is no set's
+    if stat.S_ISLNK(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
+        raise HPCAIError(f"{path} is not a folder of this user's alone (a link, another's, or open to others)",
+                         "remove it, then start again (it is made anew, mode 700)")
     return path
 
 
@@ -224,20 +229,21 @@ def forget_processes(cluster_id: str) -> None:
         (Path(state) / PROCESSES / cluster_id).unlink(missing_ok=True)
 
 
-def stacks(cluster_id: str, native: bool = False) -> list[dict[str, Any]]:
+def stacks(cluster_id: str, native: bool = False) -> tuple[list[dict[str, Any]], str]:
     """A running set's grouped stacks (stacks.py), for the side panel's button: each group's ranks, headline
-    and frames as text."""
-    from ..ranks.stacks import collect, container_refusal
+    and frames as text; and who read them (the server's HPCAI_STACKS chooses, auto when unset)."""
+    from ..ranks.stacks import collect, source, who_read
     from .launch import LAUNCHERS
 
-    table = next((s.table for s in engine_sets() if s.cluster_id == cluster_id), None)
-    if not table:
+    found = next((s for s in engine_sets() if s.cluster_id == cluster_id), None)
+    if found is None or not found.table:
         raise HPCAIError(f"no running engine set '{cluster_id}'", "start the engines in a notebook: %hpc start")
-    if table["container"]:
-        raise container_refusal()
+    table = found.table
     ranks = [(r["rank"], r["host"], r["pid"]) for r in table["ranks"]]
-    groups = collect(ranks, LAUNCHERS[table["launcher"]].on_nodes, native)
-    return [{"ranks": list(g.ranks), "headline": g.headline(len(ranks)), "text": g.render(len(ranks))} for g in groups]
+    groups = collect(ranks, LAUNCHERS[table["launcher"]].on_nodes, found.folder, native,
+                     source=source(bool(table["container"]), native=native))
+    return [{"ranks": list(g.ranks), "headline": g.headline(len(ranks)), "text": g.render(len(ranks))}
+            for g in groups], who_read(groups)
 
 
 def list_engine_sets(job: str | None = None, connect_timeout: float = 2.0) -> list[dict[str, Any]]:

@@ -328,13 +328,13 @@ class RunningSet:
         """Each rank's boot phases as they are now (one round trip; the breakdown asks after the first cell)."""
         return [i["timeline"] for i in self.view().apply_sync(calls.rank_info)]
 
-    def stacks(self, native: bool = False, timeout: float = 60) -> list[rank_stacks.StackGroup]:
-        """Every rank's Python stack (py-spy, from outside, so it works while ranks are blocked in C), identical
-        ones grouped; ``native`` adds the C frames."""
-        if ContainerLaunch.from_env(os.environ) is not None:
-            raise rank_stacks.container_refusal()
+    def stacks(self, native: bool = False, timeout: float = 60, source: str | None = None
+               ) -> list[rank_stacks.StackGroup]:
+        """Every rank's Python stack (py-spy, from outside, so it works while ranks are blocked in C; else each
+        rank's own thread: ``source``, stacks.py), identical ones grouped; ``native`` adds the C frames."""
+        source = rank_stacks.source(ContainerLaunch.from_env(os.environ) is not None, source, native)
         return rank_stacks.collect([(r.rank, r.host, r.pid) for r in self.ranks],
-                                   LAUNCHERS[self.layout.launcher].on_nodes, native, timeout)
+                                   LAUNCHERS[self.layout.launcher].on_nodes, self.folder, native, timeout, source)
 
     def set_telemetry(self, interval: float) -> None:
         """Sample every ``interval`` seconds on every rank from now on (0: off), the ranks staying as they are."""

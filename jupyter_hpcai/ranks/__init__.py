@@ -8,6 +8,7 @@ the helpers the kernel starts on the nodes. Nothing here imports ``jupyter_hpcai
 - ``continuity``: ``hpc`` on the ranks: walltime hooks, ``Checkpoint``, restore;
 - ``telemetry``: each rank's sampler and its file (read by the kernel and the server extension);
 - ``stacks``: a node's helper that dumps the ranks' stacks (py-spy), and their grouping for the kernel;
+- ``selfstacks``: a rank's own thread that answers stack requests where py-spy cannot attach;
 - ``batch``: an exported job's ranks (export.py writes the job);
 - ``local``: the local launcher's helper, which starts the ranks of this machine without MPI.
 """

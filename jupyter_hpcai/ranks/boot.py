@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from .. import network
-from . import calls, telemetry, world
+from . import calls, selfstacks, telemetry, world
 from .identity import pin
 from .frameworks import FRAMEWORKS
 
@@ -73,6 +73,7 @@ def main() -> None:
     pin(os.environ, len(os.sched_getaffinity(0)))
     network.join_node_network(os.environ)
     telemetry.start_sampling(os.environ)
+    selfstacks.start_watching(os.environ, telemetry.FOLDER_VAR)
     tolerate_half_built_handlers()
     # ipyparallel's engine is imported before the framework's thread starts importing: the two imports share
     # modules, and importing them in two threads at once left about one rank start in six hanging silently

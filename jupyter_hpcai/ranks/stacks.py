@@ -3,8 +3,10 @@
 py-spy reads a process's stack from outside (ptrace), so this works while a rank is blocked inside C (an MPI,
 Gloo or NCCL collective) and its engine cannot answer a request. The kernel runs this module once on every
 node of the ranks (``python -m jupyter_hpcai.ranks.stacks PID,...``, through the launcher's way onto the
-nodes); each copy dumps the ranks that run on its node and prints them as JSON. Identical stacks are shown
-once, with the ranks that share them, cut at the notebook cell and numbered as the cell shows its lines.
+nodes); each copy dumps the ranks that run on its node and prints them as JSON. Where py-spy cannot attach
+(ptrace forbidden on the node, the ranks in a container), each rank's own thread takes its stack instead
+(selfstacks.py), and the report says which did. Identical stacks are shown once, with the ranks that share them,
+cut at the notebook cell and numbered as the cell shows its lines.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +25,14 @@ from typing import Any
 
 from ..errors import HPCAIError
 from ..proc import run
+from . import selfstacks
 from .identity import host_name
 
 CELL_FILE = re.compile(r"ipykernel_\d+/\d+\.py$")  # where IPython compiles a cell (ipykernel's compiler)
 PTRACE_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
+SOURCE_VAR = "HPCAI_STACKS"
+SOURCES = ("auto", "py-spy", "self")  # py-spy, and the ranks' own threads where it cannot attach; one of them only
+CANNOT_ATTACH = re.compile(r"ptrace|permission denied|operation not permitted|not installed|container", re.I)
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class StackGroup:
     ranks: tuple[int, ...]
     frames: tuple[Frame, ...]
     error: str = ""
+    own: tuple[int, ...] = ()  # its ranks whose own thread took their stack (the others': py-spy)
 
     def headline(self, world: int) -> str:
         who = f"rank{'s' * (len(self.ranks) > 1)} {','.join(map(str, self.ranks))} ({len(self.ranks)} of {world})"
@@ -73,46 +80,91 @@ class StackGroup:
 
 
 def main_thread(dump: list[dict[str, Any]], pid: int) -> tuple[Frame, ...]:
-    """The frames of the thread that runs the cells (the process's main thread), cut at the outermost cell
-    frame: what is below it (the engine's own machinery) is the same on every rank. A rank running no cell
-    keeps its innermost three frames."""
+    """The frames of the thread that runs the cells (the process's main thread) in py-spy's dump, cut."""
     thread = next((t for t in dump if t.get("os_thread_id") == pid or t.get("thread_name") == "MainThread"), None)
     if thread is None:
         return ()
-    frames = tuple(Frame(f["name"], f["filename"], int(f["line"])) for f in thread["frames"])
+    return cut(tuple(Frame(f["name"], f["filename"], int(f["line"])) for f in thread["frames"]))
+
+
+def cut(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    """Frames (innermost first) cut at the outermost cell frame: what is below it (the engine's own machinery) is
+    the same on every rank. A rank running no cell keeps its innermost three frames."""
     cells = [i for i, f in enumerate(frames) if f.in_cell]
     return frames[:cells[-1] + 1] if cells else frames[:3]
 
 
-def group(stacks: dict[int, tuple[Frame, ...] | str]) -> list[StackGroup]:
-    """Ranks with identical stacks (or the same error) together; the largest group first."""
+def group(stacks: dict[int, tuple[Frame, ...] | str], own: frozenset[int] = frozenset()) -> list[StackGroup]:
+    """Ranks with identical stacks (or the same error) together, whoever read them (``own``: the ranks whose own
+    thread did); the largest group first."""
     found: dict[tuple[tuple[tuple[str, str, int], ...], str], tuple[tuple[Frame, ...], list[int]]] = {}
     for rank, stack in sorted(stacks.items()):
         frames = () if isinstance(stack, str) else stack
         key = (tuple(f.place for f in frames), stack if isinstance(stack, str) else "")
         found.setdefault(key, (frames, []))[1].append(rank)
-    groups = [StackGroup(tuple(ranks), frames, error) for (_, error), (frames, ranks) in found.items()]
+    groups = [StackGroup(tuple(ranks), frames, error, tuple(r for r in ranks if r in own))
+              for (_, error), (frames, ranks) in found.items()]
     return sorted(groups, key=lambda g: (-len(g.ranks), g.ranks))
 
 
-def container_refusal() -> HPCAIError:
-    return HPCAIError("the ranks run in a container, where the host's py-spy cannot follow them",
-                      "use an env that is a built prefix to read the ranks' stacks")
+def source(container: bool, asked: str | None = None, native: bool = False,
+           environ: Mapping[str, str] = os.environ) -> str:
+    """Where the stacks come from: ``asked``, else ``HPCAI_STACKS``, else auto; in a ``container``, whose ranks the
+    host's py-spy cannot follow, self. The error that says what is allowed."""
+    chosen = asked or environ.get(SOURCE_VAR) or "auto"
+    if chosen not in SOURCES:
+        raise HPCAIError(f"{chosen!r} is not a source of stacks", f"use one of: {', '.join(SOURCES)}")
+    if container and chosen == "py-spy":
+        raise HPCAIError("the ranks run in a container, where the host's py-spy cannot follow them",
+                         "use auto or self: each rank's own thread takes its stack")
+    chosen = "self" if container else chosen
+    if native and chosen == "self":
+        raise HPCAIError("--native needs py-spy: a rank's own thread sees its Python frames only",
+                         "leave out --native" + ("" if container else ", or use --source auto or py-spy"))
+    return chosen
 
 
-def collect(ranks: list[tuple[int, str, int]], on_nodes: Callable[[list[str]], list[str]], native: bool = False,
-            timeout: float = 60) -> list[StackGroup]:
-    """The stacks of ``ranks`` (rank, host, pid), grouped: this module runs once on every host, started by
-    ``on_nodes(hosts)`` (the launcher's way onto the ranks' nodes: a srun step inside the job, nothing outside)."""
-    argv = [*on_nodes(sorted({host for _, host, _ in ranks})), sys.executable, "-m", __name__, ",".join(f"{host}={pid}" for _, host, pid in ranks),
-            *(["--native"] * native)]
-    found = parse(run(argv, timeout=timeout, check=False).stdout)
-    return group({rank: found.get(pid, f"no answer from {host}") for rank, host, pid in ranks})
+def collect(ranks: list[tuple[int, str, int]], on_nodes: Callable[[list[str]], list[str]], folder: Path,
+            native: bool = False, timeout: float = 60, source: str = "auto") -> list[StackGroup]:
+    """The stacks of ``ranks`` (rank, host, pid), grouped. py-spy: this module runs once on every host, started by
+    ``on_nodes(hosts)`` (the launcher's way onto the ranks' nodes: a srun step inside the job, nothing outside).
+    Each rank's own thread (selfstacks.py, through the set's ``folder``): with ``source`` self, and with auto for
+    the ranks py-spy could not attach to."""
+    found: dict[int, tuple[Frame, ...] | str] = {}
+    if source != "self":
+        argv = [*on_nodes(sorted({host for _, host, _ in ranks})), sys.executable, "-m", __name__,
+                ",".join(f"{host}={pid}" for _, host, pid in ranks), *(["--native"] * native)]
+        spied = parse(run(argv, timeout=timeout, check=False).stdout)
+        found = {rank: spied.get(pid, f"no answer from {host}") for rank, host, pid in ranks}
+    unread = [r for r in ranks if source == "self" or (source == "auto" and _cannot_attach(found[r[0]]))]
+    own = selfstacks.ask(folder, unread) if unread else {}
+    for rank, answer in own.items():
+        if not isinstance(answer, str):
+            found[rank] = cut(tuple(Frame(*frame) for frame in answer))
+        else:  # neither could read it: both say why (py-spy's advice on ptrace included)
+            found[rank] = f"{answer}; py-spy: {found[rank]}" if rank in found else answer
+    return group(found, frozenset(r for r, answer in own.items() if not isinstance(answer, str)))
+
+
+def _cannot_attach(stack: tuple[Frame, ...] | str) -> bool:
+    """Whether py-spy's answer for a rank is that it could not attach (ptrace refused, py-spy missing)."""
+    return isinstance(stack, str) and bool(CANNOT_ATTACH.search(stack))
 
 
 def render(groups: list[StackGroup]) -> str:
+    """The groups, then a line that says who read the stacks."""
     world = sum(len(g.ranks) for g in groups)
-    return "\n".join(g.render(world) for g in groups)
+    return "\n".join([*(g.render(world) for g in groups), who_read(groups)]) if groups else ""
+
+
+def who_read(groups: list[StackGroup]) -> str:
+    """``(stacks read by py-spy ...)``, ``(stacks taken by each rank's own thread)``, or which ranks each."""
+    own = sorted(r for g in groups for r in g.own)
+    if not own:
+        return "(stacks read by py-spy from outside the ranks)"
+    if len(own) == sum(len(g.ranks) for g in groups):
+        return "(stacks taken by each rank's own thread)"
+    return f"(stacks read by py-spy; ranks {','.join(map(str, own))} by their own threads: py-spy could not attach)"
 
 
 def _py_spy() -> str | None:

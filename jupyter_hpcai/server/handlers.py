@@ -102,11 +102,11 @@ class StacksHandler(APIHandler):  # type: ignore[misc]
         if not isinstance(cluster_id, str) or not isinstance(native, bool):
             raise web.HTTPError(400, 'send {"cluster_id": "<an engine set\'s id>", "native": false}')
         try:
-            groups = await asyncio.to_thread(listing.stacks, cluster_id, native)
+            groups, read = await asyncio.to_thread(listing.stacks, cluster_id, native)
         except HPCAIError as err:
             refuse(self, err)
             return
-        self.finish(json.dumps({"groups": groups}))
+        self.finish(json.dumps({"groups": groups, "read": read}))
 
 
 class ExtendThroughHubHandler(APIHandler):  # type: ignore[misc]

@@ -230,16 +230,17 @@ class AllocationPanel extends Widget {
     this.render();
   }
 
-  /** Every rank's Python stack in one set, identical stacks grouped (py-spy on the nodes). */
+  /** Every rank's Python stack in one set, identical stacks grouped (py-spy on the nodes, else each rank's own
+   * thread), and who read them. */
   async showStacks(clusterId: string): Promise<void> {
     this._stacks.set(clusterId, 'Reading every rank\'s stack...');
     this.render();
     try {
-      const reply = await requestJSON<{ groups: IStackGroup[] }>('hpcai/api/stacks', {
+      const reply = await requestJSON<{ groups: IStackGroup[]; read: string }>('hpcai/api/stacks', {
         method: 'POST',
         body: JSON.stringify({ cluster_id: clusterId, native: false })
       });
-      this._stacks.set(clusterId, reply.groups.map(g => g.text).join('\n'));
+      this._stacks.set(clusterId, [...reply.groups.map(g => g.text), reply.read].join('\n'));
     } catch (err) {
       const body = err instanceof RequestError ? err.body : {};
       this._stacks.set(clusterId, body.error ? `${body.error}\n${body.hint ?? ''}` : describeFailure(err));
