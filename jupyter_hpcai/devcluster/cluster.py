@@ -254,8 +254,8 @@ class DevCluster:
             wait_until(munged.pid, timeout=10, what="munged to start", hint=f"see {log / 'munged.log'}")
         if self.accounting:
             self.acct.up(env)
-        if not ctld.pid():  # a fresh cluster forgets the jobs and drained nodes of the last (-c); else keeps them
-            start_daemon(["slurmctld", "-c" if fresh else "-i"], log=log / "slurmctld.start.log", env=env)
+        if not ctld.pid():
+            start_daemon(["slurmctld", "-i"], log=log / "slurmctld.start.log", env=env)
         for node, daemon in zip(self.node_names, slurmds):
             if not daemon.pid():
                 host = self.net.exec_prefix(node) if self.mode == SEPARATE else []
@@ -265,6 +265,8 @@ class DevCluster:
             self._all_nodes_usable, timeout=timeout, what="every dev-cluster node to be idle",
             hint=f"see the logs in {log}",
         )
+        if fresh:  # jobs the controller saved while they waited or ran: nothing of theirs runs now, and they hold nodes
+            self._cancel_all_jobs(timeout)
         if self.accounting:
             self.acct.org(env, users=["root"])
 
